@@ -1,0 +1,88 @@
+"""Tool tiers and compensation descriptors: how dangerous a tool is, and how to undo it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CompensationDescriptor", "ToolTier"]
+
+
+class ToolTier(enum.Enum):
+    """How a tool call is treated by UndoLog."""
+
+    SAFE = "safe"
+    """Read-only or idempotent: executes freely, no effect-log entry required."""
+    COMPENSABLE = "compensable"
+    """A write with a well-defined undo: its compensation is pushed before it runs."""
+    IRREVERSIBLE = "irreversible"
+    """Cannot be undone: waits for a human to approve it."""
+
+    @property
+    def is_safe(self) -> bool:
+        return self is ToolTier.SAFE
+
+    @property
+    def is_compensable(self) -> bool:
+        return self is ToolTier.COMPENSABLE
+
+    @property
+    def requires_approval(self) -> bool:
+        return self is ToolTier.IRREVERSIBLE
+
+
+@dataclass
+class CompensationDescriptor:
+    """The compensation to run when a COMPENSABLE call is rolled back.
+
+    Attributes:
+        fn_name: logical name matching the compensation registry.
+        fn_version: semver version of the compensation function.
+        args: arguments captured from the original call before execution.
+        max_retries: retries before escalating to `compensation_failed`.
+        retry_backoff_ms: delay between retries, in milliseconds.
+    """
+
+    fn_name: str
+    fn_version: str = "1.0.0"
+    args: dict[str, Any] = field(default_factory=dict)
+    max_retries: int = 3
+    retry_backoff_ms: int = 1000
+
+    @classmethod
+    def new(cls, fn_name: str, args: dict[str, Any] | None = None) -> CompensationDescriptor:
+        return cls(fn_name=fn_name, args=dict(args) if args else {})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "fn_name": self.fn_name,
+            "fn_version": self.fn_version,
+            "args": self.args,
+            "max_retries": self.max_retries,
+            "retry_backoff_ms": self.retry_backoff_ms,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompensationDescriptor:
+        """Build a descriptor from its JSON form; unknown keys are refused."""
+        unknown = set(data) - {"fn_name", "fn_version", "args", "max_retries", "retry_backoff_ms"}
+        if unknown:
+            raise ValueError(f"unknown compensation fields: {sorted(unknown)}")
+        if not isinstance(data.get("fn_name"), str) or not data["fn_name"]:
+            raise ValueError("compensation.fn_name must be a non-empty string")
+        args = data.get("args") or {}
+        if not isinstance(args, dict):
+            raise ValueError("compensation.args must be an object")
+        max_retries = data.get("max_retries", 3)
+        backoff = data.get("retry_backoff_ms", 1000)
+        for name, value in (("max_retries", max_retries), ("retry_backoff_ms", backoff)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"compensation.{name} must be a non-negative integer")
+        return cls(
+            fn_name=data["fn_name"],
+            fn_version=str(data.get("fn_version", "1.0.0")),
+            args=args,
+            max_retries=max_retries,
+            retry_backoff_ms=backoff,
+        )

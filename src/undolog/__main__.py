@@ -1,0 +1,3 @@
+from undolog.cli import main
+
+main()

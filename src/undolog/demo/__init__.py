@@ -1,0 +1,1 @@
+"""The demo tool server: an in-memory upstream the proxy calls in demos, tests and benchmarks."""

@@ -1,0 +1,501 @@
+"""The demo tool server: the upstream the UndoLog proxy calls in the demo, tests and benchmarks.
+
+It speaks the upstream tool server protocol of DESIGN.md (`POST /tools/{name}` answered with a
+ToolResult) and keeps every effect in memory — sent messages, account balances, transfers,
+records — so a test can check that a rollback really undid what a call did. It also counts how
+many times each idempotency key ran each tool and logs every call in order, which is how tests
+prove exactly-once execution and LIFO compensation. Some tools exist only to misbehave on demand
+(`flaky`, `slow`, `broken`, `fail`) so failure paths can be driven from a test, and `echo` is as
+cheap as a tool can be, for benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+Args = dict[str, Any]
+
+DEFAULT_BALANCE = 1000
+"""The balance of an account that nobody has set or touched."""
+
+CALL_LOG_LIMIT = 100_000
+"""How many calls `/calls` remembers; older ones drop off so a long benchmark stays bounded."""
+
+NO_IDEMPOTENCY_KEY = "-"
+"""The counter key for a call that carries neither an `Idempotency-Key` header nor an effect id."""
+
+_JSON = "application/json"
+
+
+class ToolFailure(Exception):
+    """A logical failure: answered with `status` and a ToolResult whose `error` is the message."""
+
+    def __init__(self, status: int, error: str) -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+
+
+class TransportFault(Exception):
+    """The tool answers with something that is not a ToolResult (a transport-level failure)."""
+
+
+class DemoToolState:
+    """Everything the demo tools remember, in memory. Tests may read it in process.
+
+    `counters[tool][idempotency_key]` is how many times that key ran that tool; `calls` is every
+    call in arrival order (the most recent `CALL_LOG_LIMIT`). `attempts` counts the injected
+    failures of `flaky` and of compensations called with `fail_times`.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every effect, counter and logged call."""
+        self.messages: dict[str, dict[str, Any]] = {}
+        self.balances: dict[str, float] = {}
+        self.transfers: dict[str, dict[str, Any]] = {}
+        self.records: dict[str, dict[str, Any]] = {}
+        self.deleted_databases: list[str] = []
+        self.published_artifacts: list[str] = []
+        self.counters: dict[str, dict[str, int]] = {}
+        self.calls: deque[dict[str, Any]] = deque(maxlen=CALL_LOG_LIMIT)
+        self.attempts: dict[tuple[str, str], int] = {}
+        self._seq = 0
+        self._ids: dict[str, int] = {}
+
+    def record_call(
+        self,
+        tool: str,
+        key: str,
+        args: Args,
+        *,
+        request_id: str | None,
+        session_id: str | None,
+        effect_id: str | None,
+    ) -> None:
+        """Count one call of `tool` under idempotency `key` and append it to the call log."""
+        per_key = self.counters.setdefault(tool, {})
+        per_key[key] = per_key.get(key, 0) + 1
+        self._seq += 1
+        self.calls.append(
+            {
+                "tool": tool,
+                "idempotency_key": key,
+                "args": args,
+                "seq": self._seq,
+                "request_id": request_id,
+                "session_id": session_id,
+                "effect_id": effect_id,
+            }
+        )
+
+    def next_id(self, prefix: str) -> str:
+        """The next id of a kind: `msg-1`, `msg-2`, … (deterministic, so tests can predict it)."""
+        n = self._ids.get(prefix, 0) + 1
+        self._ids[prefix] = n
+        return f"{prefix}-{n}"
+
+    def balance(self, account: str) -> float:
+        return self.balances.get(account, DEFAULT_BALANCE)
+
+    def fail_first(self, tool: str, key: str, fail_times: int) -> int:
+        """Count an attempt of (`tool`, `key`); raise a 500 failure for the first `fail_times`.
+
+        Returns:
+            The attempt number (1-based) when it is allowed to succeed.
+        """
+        attempt = self.attempts.get((tool, key), 0) + 1
+        self.attempts[(tool, key)] = attempt
+        if attempt <= fail_times:
+            raise ToolFailure(500, f"{tool}: injected failure {attempt} of {fail_times}")
+        return attempt
+
+    def snapshot(self) -> dict[str, Any]:
+        """The effects, as `GET /state` shows them."""
+        return {
+            "messages": self.messages,
+            "balances": self.balances,
+            "transfers": self.transfers,
+            "records": self.records,
+            "deleted_databases": self.deleted_databases,
+            "published_artifacts": self.published_artifacts,
+        }
+
+
+# --- argument helpers -------------------------------------------------------------------------
+
+
+def _str_arg(args: Args, name: str) -> str:
+    value = args.get(name)
+    if not isinstance(value, str) or not value:
+        raise ToolFailure(400, f"argument '{name}' must be a non-empty string")
+    return value
+
+
+def _number_arg(args: Args, name: str) -> float:
+    value = args.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ToolFailure(400, f"argument '{name}' must be a number")
+    return value
+
+
+def _count_arg(args: Args, name: str) -> int:
+    value = args.get(name, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ToolFailure(400, f"argument '{name}' must be a non-negative integer")
+    return value
+
+
+def _forward_ref(args: Args, name: str) -> str:
+    """The id a compensation undoes: its own argument, or dug out of `original_result`.
+
+    The proxy calls a compensation with the captured args plus the forward call's
+    `original_args` and `original_result`; the result may be the whole ToolResult
+    (`{"output": {name: …}}`) or just its output (`{name: …}`).
+    """
+    value = args.get(name)
+    result = args.get("original_result")
+    if value is None and isinstance(result, dict):
+        output = result.get("output")
+        value = output.get(name) if isinstance(output, dict) else None
+        if value is None:
+            value = result.get(name)
+    if not isinstance(value, str) or not value:
+        raise ToolFailure(400, f"argument '{name}' (or an original_result carrying it) is required")
+    return value
+
+
+def _maybe_fail(state: DemoToolState, tool: str, args: Args, key: str) -> None:
+    """Let a compensation fail `fail_times` times per idempotency key before it succeeds."""
+    fail_times = _count_arg(args, "fail_times")
+    if fail_times:
+        state.fail_first(tool, key, fail_times)
+
+
+# --- the tools --------------------------------------------------------------------------------
+
+
+async def _send_email(state: DemoToolState, args: Args, key: str) -> Any:
+    to = _str_arg(args, "to")
+    subject = _str_arg(args, "subject")
+    message_id = state.next_id("msg")
+    state.messages[message_id] = {
+        "message_id": message_id,
+        "to": to,
+        "subject": subject,
+        "body": args.get("body"),
+        "status": "sent",
+    }
+    return {"message_id": message_id, "to": to, "status": "sent"}
+
+
+async def _undo_send_email(state: DemoToolState, args: Args, key: str) -> Any:
+    message_id = _forward_ref(args, "message_id")
+    message = state.messages.get(message_id)
+    if message is None:
+        raise ToolFailure(404, f"unknown message '{message_id}'")
+    _maybe_fail(state, "undo_send_email", args, key)
+    # Recalling twice is harmless, so a retried compensation succeeds.
+    message["status"] = "recalled"
+    return {"recalled": message_id}
+
+
+async def _transfer_funds(state: DemoToolState, args: Args, key: str) -> Any:
+    source = _str_arg(args, "from_account")
+    target = _str_arg(args, "to_account")
+    amount = _number_arg(args, "amount")
+    if amount <= 0:
+        raise ToolFailure(400, "argument 'amount' must be positive")
+    available = state.balance(source)
+    if available < amount:
+        raise ToolFailure(
+            422, f"insufficient funds in '{source}': balance {available}, requested {amount}"
+        )
+    state.balances[source] = available - amount
+    state.balances[target] = state.balance(target) + amount
+    transfer_id = state.next_id("txn")
+    transfer = {
+        "transfer_id": transfer_id,
+        "from_account": source,
+        "to_account": target,
+        "amount": amount,
+    }
+    state.transfers[transfer_id] = {**transfer, "status": "completed"}
+    return transfer
+
+
+async def _reverse_transfer(state: DemoToolState, args: Args, key: str) -> Any:
+    transfer_id = _forward_ref(args, "transfer_id")
+    transfer = state.transfers.get(transfer_id)
+    if transfer is None:
+        raise ToolFailure(404, f"unknown transfer '{transfer_id}'")
+    _maybe_fail(state, "reverse_transfer", args, key)
+    if transfer["status"] != "reversed":
+        # A reversal is unconditional (the money left once, it comes back even if spent since).
+        amount = transfer["amount"]
+        state.balances[transfer["to_account"]] = state.balance(transfer["to_account"]) - amount
+        state.balances[transfer["from_account"]] = state.balance(transfer["from_account"]) + amount
+        transfer["status"] = "reversed"
+    return {"reversed": transfer_id}
+
+
+async def _create_record(state: DemoToolState, args: Args, key: str) -> Any:
+    table = _str_arg(args, "table")
+    record_id = state.next_id("rec")
+    state.records[record_id] = {
+        "record_id": record_id,
+        "table": table,
+        "data": args.get("data"),
+        "status": "active",
+    }
+    return {"record_id": record_id}
+
+
+async def _delete_record(state: DemoToolState, args: Args, key: str) -> Any:
+    record_id = _forward_ref(args, "record_id")
+    record = state.records.get(record_id)
+    if record is None:
+        raise ToolFailure(404, f"unknown record '{record_id}'")
+    _maybe_fail(state, "delete_record", args, key)
+    record["status"] = "deleted"
+    return {"deleted": record_id}
+
+
+async def _search_web(state: DemoToolState, args: Args, key: str) -> Any:
+    query = _str_arg(args, "query")
+    slug = "-".join(query.lower().split())
+    results = [
+        {
+            "title": f"Result {rank} for {query}",
+            "url": f"https://example.com/search/{slug}/{rank}",
+            "snippet": f"A deterministic demo result about {query}.",
+        }
+        for rank in (1, 2, 3)
+    ]
+    return {"query": query, "results": results}
+
+
+async def _delete_database(state: DemoToolState, args: Args, key: str) -> Any:
+    db_name = _str_arg(args, "db_name")
+    state.deleted_databases.append(db_name)
+    return {"db_name": db_name, "status": "deleted"}
+
+
+async def _publish_to_production(state: DemoToolState, args: Args, key: str) -> Any:
+    artifact = _str_arg(args, "artifact")
+    state.published_artifacts.append(artifact)
+    return {"artifact": artifact, "status": "published"}
+
+
+async def _echo(state: DemoToolState, args: Args, key: str) -> Any:
+    return args
+
+
+async def _flaky(state: DemoToolState, args: Args, key: str) -> Any:
+    fail_times = _count_arg(args, "fail_times")
+    flaky_key = args.get("key")
+    if not isinstance(flaky_key, str):
+        flaky_key = key
+    attempt = state.fail_first("flaky", flaky_key, fail_times)
+    return {"key": flaky_key, "attempt": attempt}
+
+
+async def _slow(state: DemoToolState, args: Args, key: str) -> Any:
+    seconds = _number_arg(args, "seconds")
+    # The delay is the behaviour under test (a tool still running when the proxy dies).
+    await asyncio.sleep(seconds)
+    return {"slept": seconds}
+
+
+async def _broken(state: DemoToolState, args: Args, key: str) -> Any:
+    raise TransportFault("the demo tool 'broken' crashed")
+
+
+async def _fail(state: DemoToolState, args: Args, key: str) -> Any:
+    raise ToolFailure(500, "tool failed on purpose")
+
+
+ToolHandler = Callable[[DemoToolState, Args, str], Awaitable[Any]]
+
+TOOLS: dict[str, ToolHandler] = {
+    "send_email": _send_email,
+    "undo_send_email": _undo_send_email,
+    "transfer_funds": _transfer_funds,
+    "reverse_transfer": _reverse_transfer,
+    "create_record": _create_record,
+    "delete_record": _delete_record,
+    "search_web": _search_web,
+    "delete_database": _delete_database,
+    "publish_to_production": _publish_to_production,
+    "echo": _echo,
+    "flaky": _flaky,
+    "slow": _slow,
+    "broken": _broken,
+    "fail": _fail,
+}
+"""Every demo tool by name. Each takes (state, args, idempotency key) and returns the output."""
+
+
+# --- HTTP -------------------------------------------------------------------------------------
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type=_JSON)
+
+
+def _tool_result(status: int, *, output: Any = None, error: str | None = None) -> Response:
+    body = {"success": error is None, "output": output, "error": error}
+    return Response(orjson.dumps(body), status_code=status, media_type=_JSON)
+
+
+def _optional_str(body: dict[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise ToolFailure(400, f"malformed request body: '{name}' must be a string or null")
+    return value
+
+
+def _state(request: Request) -> DemoToolState:
+    state: DemoToolState = request.app.state.demo
+    return state
+
+
+async def call_tool(request: Request) -> Response:
+    """`POST /tools/{name}`: run one tool and answer with a ToolResult.
+
+    Every call that names a known tool and has a well-formed body is counted and logged before
+    the tool runs, whether it then succeeds or fails.
+    """
+    name: str = request.path_params["name"]
+    handler = TOOLS.get(name)
+    if handler is None:
+        return _tool_result(404, error=f"unknown tool '{name}'")
+    try:
+        body = orjson.loads(await request.body())
+        if not isinstance(body, dict):
+            raise ToolFailure(400, "malformed request body: expected a JSON object")
+        args = body.get("args", {})
+        if not isinstance(args, dict):
+            raise ToolFailure(400, "malformed request body: 'args' must be an object")
+        session_id = _optional_str(body, "session_id")
+        effect_id = _optional_str(body, "effect_id")
+    except orjson.JSONDecodeError as exc:
+        return _tool_result(400, error=f"malformed request body: {exc}")
+    except ToolFailure as failure:
+        return _tool_result(failure.status, error=failure.error)
+
+    state = _state(request)
+    key = request.headers.get("idempotency-key") or effect_id or NO_IDEMPOTENCY_KEY
+    state.record_call(
+        name,
+        key,
+        args,
+        request_id=request.headers.get("x-request-id"),
+        session_id=session_id,
+        effect_id=effect_id,
+    )
+    try:
+        output = await handler(state, args, key)
+    except ToolFailure as failure:
+        return _tool_result(failure.status, error=failure.error)
+    except TransportFault as fault:
+        return Response(str(fault), status_code=500, media_type="text/plain")
+    return _tool_result(200, output=output)
+
+
+async def health(request: Request) -> Response:
+    return _json({"status": "ok"})
+
+
+async def counters(request: Request) -> Response:
+    return _json(_state(request).counters)
+
+
+async def tool_counters(request: Request) -> Response:
+    return _json(_state(request).counters.get(request.path_params["tool"], {}))
+
+
+async def calls(request: Request) -> Response:
+    return _json(list(_state(request).calls))
+
+
+async def state_snapshot(request: Request) -> Response:
+    return _json(_state(request).snapshot())
+
+
+async def set_balance(request: Request) -> Response:
+    """`PUT /balances/{account}` with `{"balance": n}`: give an account a starting balance."""
+    account: str = request.path_params["account"]
+    try:
+        body = orjson.loads(await request.body())
+        balance = _number_arg(body, "balance") if isinstance(body, dict) else None
+    except (orjson.JSONDecodeError, ToolFailure):
+        balance = None
+    if balance is None:
+        return _json({"error": 'expected a JSON body {"balance": <number>}'}, status=400)
+    _state(request).balances[account] = balance
+    return _json({"account": account, "balance": balance})
+
+
+async def reset(request: Request) -> Response:
+    _state(request).reset()
+    return _json({"status": "reset"})
+
+
+def create_demo_tools_app(state: DemoToolState | None = None) -> Starlette:
+    """Build the demo tool server.
+
+    Args:
+        state: where the tools keep their effects; a fresh one when omitted. It is also
+            reachable as `app.state.demo`.
+
+    Returns:
+        The Starlette app: `POST /tools/{name}` plus the inspection and control routes
+        (`/health`, `/counters`, `/counters/{tool}`, `/calls`, `/state`, `PUT /balances/{account}`,
+        `POST /reset`).
+    """
+    app = Starlette(
+        routes=[
+            Route("/tools/{name}", call_tool, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/counters", counters, methods=["GET"]),
+            Route("/counters/{tool}", tool_counters, methods=["GET"]),
+            Route("/calls", calls, methods=["GET"]),
+            Route("/state", state_snapshot, methods=["GET"]),
+            Route("/balances/{account}", set_balance, methods=["PUT"]),
+            Route("/reset", reset, methods=["POST"]),
+        ]
+    )
+    app.state.demo = state if state is not None else DemoToolState()
+    return app
+
+
+async def run_demo_tools(host: str, port: int) -> None:
+    """Serve the demo tool server with uvicorn until a signal or cancellation stops it.
+
+    Used by `undolog demo-tools`, and as a task beside the proxy by `undolog serve --demo`:
+    cancelling the task shuts the server down and closes its listening socket.
+    """
+    config = uvicorn.Config(
+        create_demo_tools_app(), host=host, port=port, log_level="info", access_log=False
+    )
+    server = uvicorn.Server(config)
+    try:
+        await server.serve()
+    except asyncio.CancelledError:
+        # uvicorn leaves its listening socket open when its task is cancelled.
+        if server.started:
+            await server.shutdown()
+        raise

@@ -1,0 +1,18 @@
+"""The engine: the decision table, the state machines and the operations over a store."""
+
+from undolog.engine.core import Decision, Engine, Outcome, SessionView
+from undolog.engine.decide import Action, decide
+from undolog.engine.states import ApprovalStatus, EffectState, SessionState, UndoState
+
+__all__ = [
+    "Action",
+    "ApprovalStatus",
+    "Decision",
+    "EffectState",
+    "Engine",
+    "Outcome",
+    "SessionState",
+    "SessionView",
+    "UndoState",
+    "decide",
+]

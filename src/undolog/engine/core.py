@@ -1,0 +1,847 @@
+"""The engine: intercept, commit, fail and resolve over a store, plus the tool registry.
+
+Each public method is one short transaction. Intercept reads first without a lock (a replay of
+a committed call needs nothing more), then takes the signature's lock, decides with the pure
+`decide` table and writes the intent durably before anything runs. The engine knows nothing of
+HTTP: it raises the errors of `undolog_sdk.errors` and the proxy maps them to the wire.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import blake3
+import orjson
+
+from undolog.engine.decide import Action, decide
+from undolog.engine.states import (
+    REPLAYABLE_STATES,
+    ApprovalStatus,
+    EffectState,
+    SessionState,
+    UndoState,
+    check_effect_transition,
+)
+from undolog.store.base import Queries, Store
+from undolog.store.records import (
+    ApprovalRecord,
+    EffectRecord,
+    OrgRecord,
+    SessionRecord,
+    ToolRecord,
+    UndoEntryRecord,
+)
+from undolog_sdk.errors import (
+    ApprovalRejected,
+    ApprovalTimedOut,
+    CompensationRegisteredTooLate,
+    DuplicateSignature,
+    EffectInDoubt,
+    InProgress,
+    InvalidRequest,
+    InvalidStateTransition,
+    NotExecuting,
+    NotFound,
+    SessionClosed,
+    ToolNotRegistered,
+)
+from undolog_sdk.signature import call_signature, canonical_json
+from undolog_sdk.tier import CompensationDescriptor, ToolTier
+
+__all__ = [
+    "Decision",
+    "Engine",
+    "Outcome",
+    "SessionView",
+    "check_registered_before_executed",
+]
+
+MODES = ("proxy", "sdk")
+DEFAULT_APPROVAL_TIMEOUT_S = 3600
+_UNFINISHED_STATES = (
+    EffectState.EXECUTING.value,
+    EffectState.AWAITING_APPROVAL.value,
+    EffectState.IN_DOUBT.value,
+)
+
+
+class Outcome(enum.Enum):
+    """The three answers of intercept (names as in the SDK reference)."""
+
+    EXECUTE = "Execute"
+    REPLAY = "Replay"
+    AWAITING_APPROVAL = "AwaitingApproval"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the caller of intercept must do next.
+
+    `logged` is False for a SAFE call: nothing was written, and there is nothing to commit.
+    The effect id doubles as the idempotency key the tool receives.
+    """
+
+    outcome: Outcome
+    effect_id: str
+    step_index: int | None
+    signature: str | None
+    tool: ToolRecord
+    attempt: int = 1
+    approval_id: str | None = None
+    result_json: str | None = None
+    logged: bool = True
+
+
+@dataclass(frozen=True)
+class SessionView:
+    session: SessionRecord
+    effects: list[EffectRecord]
+    undo_entries: list[UndoEntryRecord]
+    approvals: list[ApprovalRecord]
+    replay_counts: dict[str, int] = field(default_factory=dict)
+
+
+def check_registered_before_executed(entry: UndoEntryRecord, effect: EffectRecord) -> None:
+    """The saga's core invariant: a compensation is on the stack before its call runs."""
+    if effect.executed_us is None or not entry.registered_us < effect.executed_us:
+        raise CompensationRegisteredTooLate(effect.effect_id)
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _session_lock_key(org_id: str, session_id: str) -> str:
+    return blake3.blake3(f"session\0{org_id}\0{session_id}".encode()).hexdigest()
+
+
+def _event_json(payload: dict[str, Any]) -> str:
+    return orjson.dumps(payload).decode()
+
+
+@dataclass
+class _Plan:
+    """What a transaction decided, carried out of it (errors are raised after commit)."""
+
+    decision: Decision | None = None
+    error: Exception | None = None
+
+
+class Engine:
+    """Exactly-once interception of tool calls over a `Store`.
+
+    Args:
+        store: where effects, undo entries, approvals and events live.
+        lease_seconds: how long an Execute decision holds the call before a duplicate may
+            treat the run as lost (`in_doubt`, or a re-run for an idempotent upstream).
+        retry_after_seconds: upper bound of the `retry_after` hint of `in_progress`.
+        tool_cache_seconds: how long a registered tool is cached in this process.
+        clock_us: the clock, in microseconds since the epoch (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        lease_seconds: float = 60.0,
+        retry_after_seconds: int = 5,
+        tool_cache_seconds: float = 2.0,
+        clock_us: Callable[[], int] = _now_us,
+    ) -> None:
+        self.store = store
+        self.lease_us = int(lease_seconds * 1_000_000)
+        self.retry_after_seconds = max(1, retry_after_seconds)
+        self._tool_cache_us = int(tool_cache_seconds * 1_000_000)
+        self._tools: dict[tuple[str, str], tuple[int, ToolRecord]] = {}
+        self._orgs: dict[str, tuple[int, OrgRecord | None]] = {}
+        self._clock = clock_us
+
+    # -- orgs and keys ---------------------------------------------------------------------
+
+    async def ensure_org(
+        self,
+        org_id: str,
+        *,
+        name: str | None = None,
+        approval_timeout_s: int = DEFAULT_APPROVAL_TIMEOUT_S,
+        auto_approve_on_timeout: bool = False,
+        api_key_hashes: tuple[str, ...] = (),
+    ) -> None:
+        """Create or update an org and add API keys (given as SHA-256 hex) to it."""
+        now = self._clock()
+        async with self.store.transaction() as q:
+            await q.upsert_org(
+                org_id, name or org_id, approval_timeout_s, auto_approve_on_timeout, now
+            )
+            for key_hash in api_key_hashes:
+                await q.add_api_key(key_hash, org_id, None, now)
+        self._orgs.pop(org_id, None)
+
+    async def org_for_key_hash(self, key_hash: str) -> str | None:
+        async with self.store.reader() as q:
+            return await q.org_for_key_hash(key_hash)
+
+    async def _org(self, org_id: str) -> OrgRecord | None:
+        now = self._clock()
+        cached = self._orgs.get(org_id)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        async with self.store.reader() as q:
+            org = await q.get_org(org_id)
+        self._orgs[org_id] = (now + self._tool_cache_us, org)
+        return org
+
+    # -- tool registry -----------------------------------------------------------------------
+
+    async def register_tool(
+        self,
+        org_id: str,
+        name: str,
+        *,
+        tier: str,
+        version: str = "1.0.0",
+        compensation: dict[str, Any] | None = None,
+        idempotent_upstream: bool = False,
+        upstream_url: str | None = None,
+    ) -> ToolRecord:
+        """Register (or replace) a tool for an org.
+
+        Raises:
+            InvalidRequest: an unknown tier, a COMPENSABLE tool without a compensation, or a
+                malformed compensation.
+        """
+        if not name or len(name) > 200:
+            raise InvalidRequest("tool name must be 1 to 200 characters")
+        try:
+            tool_tier = ToolTier(tier)
+        except ValueError:
+            raise InvalidRequest(
+                f"unknown tier {tier!r}: expected one of safe, compensable, irreversible"
+            ) from None
+        compensation_json = None
+        if tool_tier.is_compensable:
+            if compensation is None:
+                raise InvalidRequest(f"COMPENSABLE tool '{name}' needs a compensation")
+            try:
+                descriptor = CompensationDescriptor.from_dict(compensation)
+                compensation_json = canonical_json(descriptor.to_dict())
+            except ValueError as exc:
+                raise InvalidRequest(f"invalid compensation: {exc}") from None
+        record = ToolRecord(
+            org_id=org_id,
+            name=name,
+            tier=tool_tier.value,
+            version=version,
+            compensation_json=compensation_json,
+            idempotent_upstream=idempotent_upstream,
+            upstream_url=upstream_url,
+            updated_us=self._clock(),
+        )
+        async with self.store.transaction() as q:
+            await q.upsert_tool(record)
+        self._tools[(org_id, name)] = (record.updated_us + self._tool_cache_us, record)
+        return record
+
+    async def get_tool(self, org_id: str, name: str) -> ToolRecord:
+        """The registered tool (cached briefly per process). Raises `ToolNotRegistered`."""
+        now = self._clock()
+        cached = self._tools.get((org_id, name))
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        async with self.store.reader() as q:
+            record = await q.get_tool(org_id, name)
+        if record is None:
+            self._tools.pop((org_id, name), None)
+            raise ToolNotRegistered(name, org_id)
+        self._tools[(org_id, name)] = (now + self._tool_cache_us, record)
+        return record
+
+    async def list_tools(self, org_id: str) -> list[ToolRecord]:
+        async with self.store.reader() as q:
+            return await q.list_tools(org_id)
+
+    # -- intercept ---------------------------------------------------------------------------
+
+    async def intercept(
+        self,
+        org_id: str,
+        session_id: str,
+        tool_name: str,
+        args: Any,
+        *,
+        step_index: int | None = None,
+        tool_version: str | None = None,
+        mode: str = "proxy",
+    ) -> Decision:
+        """Decide what happens to one tool call, durably, before anything runs.
+
+        Raises:
+            InvalidRequest: a session id that is not a UUID, a bad step, or args that cannot
+                be canonicalised.
+            ToolNotRegistered, InProgress, EffectInDoubt, SessionClosed, ApprovalRejected,
+            ApprovalTimedOut, AdvisoryLockTimeout, Database.
+        """
+        if mode not in MODES:
+            raise InvalidRequest(f"unknown execution mode {mode!r}: expected proxy or sdk")
+        try:
+            session_id = str(uuid.UUID(session_id))
+        except (ValueError, TypeError, AttributeError):
+            raise InvalidRequest(f"session_id {session_id!r} is not a UUID") from None
+        if step_index is not None and not 0 <= step_index <= 0xFFFFFFFF:
+            raise InvalidRequest("step_index must be an unsigned 32-bit integer")
+        try:
+            args_json = canonical_json(args)
+        except ValueError as exc:
+            raise InvalidRequest(f"args cannot be canonicalised: {exc}") from None
+        tool = await self.get_tool(org_id, tool_name)
+        tier = ToolTier(tool.tier)
+        if tier.is_safe:
+            return Decision(
+                Outcome.EXECUTE, str(uuid.uuid4()), step_index, None, tool, logged=False
+            )
+
+        if step_index is not None:
+            signature = call_signature(session_id, step_index, tool_name, args)
+            async with self.store.reader() as q:
+                seen = await q.get_effect_by_signature(org_id, signature)
+            if seen is not None and seen.state in REPLAYABLE_STATES:
+                return await self._replay(seen, tool)
+            plan = await self._intercept_locked(
+                org_id,
+                session_id,
+                tool,
+                tier,
+                args,
+                args_json,
+                step_index,
+                signature,
+                tool_version,
+                mode,
+                known_absent=seen is None,
+            )
+        else:
+            plan = await self._intercept_unnumbered(
+                org_id, session_id, tool, tier, args, args_json, tool_version, mode
+            )
+        if plan.error is not None:
+            raise plan.error
+        assert plan.decision is not None
+        return plan.decision
+
+    async def _replay(self, effect: EffectRecord, tool: ToolRecord) -> Decision:
+        async with self.store.autocommit() as q:
+            await q.insert_event(
+                effect.org_id,
+                "effect_replayed",
+                effect.session_id,
+                effect.effect_id,
+                _event_json(
+                    {
+                        "stage": "replayed",
+                        "tool_name": effect.tool_name,
+                        "step_index": effect.step_index,
+                    }
+                ),
+                self._clock(),
+            )
+        return Decision(
+            Outcome.REPLAY,
+            effect.effect_id,
+            effect.step_index,
+            effect.call_signature,
+            tool,
+            attempt=effect.attempts,
+            result_json=effect.result_json,
+        )
+
+    async def _intercept_locked(
+        self,
+        org_id: str,
+        session_id: str,
+        tool: ToolRecord,
+        tier: ToolTier,
+        args: Any,
+        args_json: str,
+        step: int,
+        signature: str,
+        tool_version: str | None,
+        mode: str,
+        *,
+        known_absent: bool,
+    ) -> _Plan:
+        async with self.store.transaction(lock_key=signature) as q:
+            now = self._clock()
+            session = await q.touch_session(org_id, session_id, step, now)
+            existing = None if known_absent else await q.get_effect_by_signature(org_id, signature)
+            return await self._decide_and_apply(
+                q, session, tool, tier, args_json, step, signature, tool_version, mode, existing
+            )
+
+    async def _intercept_unnumbered(
+        self,
+        org_id: str,
+        session_id: str,
+        tool: ToolRecord,
+        tier: ToolTier,
+        args: Any,
+        args_json: str,
+        tool_version: str | None,
+        mode: str,
+    ) -> _Plan:
+        """A call without a step: a retry of an unfinished identical call, or the next step."""
+        async with self.store.transaction(lock_key=_session_lock_key(org_id, session_id)) as q:
+            now = self._clock()
+            session = await q.touch_session(org_id, session_id, 0, now)
+            match = await q.find_unfinished_call(
+                org_id, session_id, tool.name, args_json, _UNFINISHED_STATES
+            )
+            if match is not None:
+                return await self._decide_and_apply(
+                    q,
+                    session,
+                    tool,
+                    tier,
+                    args_json,
+                    match.step_index,
+                    match.call_signature,
+                    tool_version,
+                    mode,
+                    match,
+                )
+            step = session.last_step + 1
+            if step > 0xFFFFFFFF:
+                raise InvalidRequest("session has no step indexes left")
+            signature = call_signature(session_id, step, tool.name, args)
+            existing = await q.get_effect_by_signature(org_id, signature)
+            plan = await self._decide_and_apply(
+                q, session, tool, tier, args_json, step, signature, tool_version, mode, existing
+            )
+            if plan.decision is not None or plan.error is None:
+                await q.update_session(org_id, session_id, now, last_step=step)
+            return plan
+
+    async def _decide_and_apply(
+        self,
+        q: Queries,
+        session: SessionRecord,
+        tool: ToolRecord,
+        tier: ToolTier,
+        args_json: str,
+        step: int,
+        signature: str,
+        tool_version: str | None,
+        mode: str,
+        existing: EffectRecord | None,
+    ) -> _Plan:
+        org_id, session_id = session.org_id, session.session_id
+        for _ in range(2):  # a second round only after losing an insert race
+            approval = None
+            if existing is not None and existing.state == EffectState.AWAITING_APPROVAL:
+                approval = await q.get_approval_for_effect(org_id, existing.effect_id)
+            now = self._clock()
+            action = decide(
+                tier=tier,
+                existing=existing,
+                session_state=session.state,
+                approval_status=approval.status if approval else None,
+                now_us=now,
+                idempotent_upstream=tool.idempotent_upstream,
+            )
+            if action in (Action.EXECUTE_NEW, Action.AWAIT_NEW):
+                plan = await self._insert_new(
+                    q, action, session, tool, args_json, step, signature, tool_version, mode, now
+                )
+                if plan is not None:
+                    return plan
+                existing = await q.get_effect_by_signature(org_id, signature)
+                if existing is None:  # the UNIQUE constraint fired, yet no row: give up
+                    raise DuplicateSignature(signature)
+                continue
+            return await self._apply_existing(q, action, tool, existing, approval, now)
+        raise DuplicateSignature(signature)
+
+    async def _insert_new(
+        self,
+        q: Queries,
+        action: Action,
+        session: SessionRecord,
+        tool: ToolRecord,
+        args_json: str,
+        step: int,
+        signature: str,
+        tool_version: str | None,
+        mode: str,
+        now: int,
+    ) -> _Plan | None:
+        """Write a new effect (and its undo entry or approval); None if the signature exists."""
+        org_id, session_id = session.org_id, session.session_id
+        effect_id = str(uuid.uuid4())
+        executing = action is Action.EXECUTE_NEW
+        registered = now
+        executed = max(self._clock(), registered + 1) if executing else None
+        effect = EffectRecord(
+            effect_id=effect_id,
+            org_id=org_id,
+            session_id=session_id,
+            step_index=step,
+            tool_name=tool.name,
+            tool_version=tool_version or tool.version,
+            tier=tool.tier,
+            call_signature=signature,
+            args_json=args_json,
+            state=EffectState.EXECUTING if executing else EffectState.AWAITING_APPROVAL,
+            mode=mode,
+            attempts=1,
+            result_json=None,
+            error=None,
+            lease_expires_us=(executed + self.lease_us) if executed else None,
+            executed_us=executed,
+            finished_us=None,
+            created_us=now,
+            updated_us=now,
+        )
+        if not await q.insert_effect(effect):
+            return None
+        if executing:
+            if tool.compensation_json is not None:
+                await q.insert_undo_entry(
+                    self._undo_entry(effect, tool.compensation_json, registered)
+                )
+            await q.insert_event(
+                org_id,
+                "effect_intercepted",
+                session_id,
+                effect_id,
+                _event_json(
+                    {
+                        "stage": "executing",
+                        "tool_name": tool.name,
+                        "tier": tool.tier,
+                        "step_index": step,
+                        "attempt": 1,
+                        "mode": mode,
+                    }
+                ),
+                now,
+            )
+            decision = Decision(Outcome.EXECUTE, effect_id, step, signature, tool)
+            return _Plan(decision=decision)
+        org = await self._org(org_id)
+        timeout_s = org.approval_timeout_s if org else DEFAULT_APPROVAL_TIMEOUT_S
+        approval = ApprovalRecord(
+            approval_id=str(uuid.uuid4()),
+            org_id=org_id,
+            effect_id=effect_id,
+            session_id=session_id,
+            tool_name=tool.name,
+            args_json=args_json,
+            status=ApprovalStatus.PENDING,
+            created_us=now,
+            timeout_us=now + timeout_s * 1_000_000,
+            decided_us=None,
+            decided_by=None,
+            reason=None,
+        )
+        await q.insert_approval(approval)
+        await q.insert_event(
+            org_id,
+            "approval_required",
+            session_id,
+            effect_id,
+            _event_json(
+                {
+                    "stage": "awaiting_approval",
+                    "approval_id": approval.approval_id,
+                    "tool_name": tool.name,
+                    "tier": tool.tier,
+                    "step_index": step,
+                }
+            ),
+            now,
+        )
+        decision = Decision(
+            Outcome.AWAITING_APPROVAL,
+            effect_id,
+            step,
+            signature,
+            tool,
+            approval_id=approval.approval_id,
+        )
+        return _Plan(decision=decision)
+
+    def _undo_entry(
+        self, effect: EffectRecord, compensation_json: str, registered_us: int
+    ) -> UndoEntryRecord:
+        descriptor = CompensationDescriptor.from_dict(orjson.loads(compensation_json))
+        return UndoEntryRecord(
+            seq=0,
+            entry_id=str(uuid.uuid4()),
+            org_id=effect.org_id,
+            session_id=effect.session_id,
+            effect_id=effect.effect_id,
+            fn_name=descriptor.fn_name,
+            fn_version=descriptor.fn_version,
+            args_json=canonical_json(descriptor.args),
+            max_retries=descriptor.max_retries,
+            retry_backoff_ms=descriptor.retry_backoff_ms,
+            registered_us=registered_us,
+            state=UndoState.PENDING,
+            attempts=0,
+            last_error=None,
+            updated_us=registered_us,
+        )
+
+    async def _apply_existing(
+        self,
+        q: Queries,
+        action: Action,
+        tool: ToolRecord,
+        effect: EffectRecord,
+        approval: ApprovalRecord | None,
+        now: int,
+    ) -> _Plan:
+        org_id, effect_id = effect.org_id, effect.effect_id
+        if action is Action.REPLAY:
+            await q.insert_event(
+                org_id,
+                "effect_replayed",
+                effect.session_id,
+                effect_id,
+                _event_json(
+                    {
+                        "stage": "replayed",
+                        "tool_name": effect.tool_name,
+                        "step_index": effect.step_index,
+                    }
+                ),
+                now,
+            )
+            return _Plan(
+                decision=Decision(
+                    Outcome.REPLAY,
+                    effect_id,
+                    effect.step_index,
+                    effect.call_signature,
+                    tool,
+                    attempt=effect.attempts,
+                    result_json=effect.result_json,
+                )
+            )
+        if action is Action.AWAITING:
+            assert approval is not None
+            return _Plan(
+                decision=Decision(
+                    Outcome.AWAITING_APPROVAL,
+                    effect_id,
+                    effect.step_index,
+                    effect.call_signature,
+                    tool,
+                    approval_id=approval.approval_id,
+                )
+            )
+        if action is Action.IN_PROGRESS:
+            remaining_s = math.ceil(((effect.lease_expires_us or now) - now) / 1_000_000)
+            return _Plan(
+                error=InProgress(effect_id, max(1, min(self.retry_after_seconds, remaining_s)))
+            )
+        if action is Action.MARK_IN_DOUBT:
+            check_effect_transition(effect_id, effect.state, EffectState.IN_DOUBT)
+            await q.update_effect(
+                org_id,
+                effect_id,
+                expect_state=effect.state,
+                state=EffectState.IN_DOUBT.value,
+                lease_expires_us=None,
+                updated_us=now,
+            )
+            await q.insert_event(
+                org_id,
+                "effect_failed",
+                effect.session_id,
+                effect_id,
+                _event_json(
+                    {
+                        "stage": "in_doubt",
+                        "tool_name": effect.tool_name,
+                        "error": "execution lease expired before commit or fail",
+                    }
+                ),
+                now,
+            )
+            return _Plan(error=EffectInDoubt(effect_id))
+        if action is Action.IN_DOUBT:
+            return _Plan(error=EffectInDoubt(effect_id))
+        if action is Action.REJECTED:
+            approval_id = approval.approval_id if approval else effect_id
+            return _Plan(error=ApprovalRejected(approval_id, approval.reason if approval else None))
+        if action is Action.TIMED_OUT:
+            return _Plan(error=ApprovalTimedOut(approval.approval_id if approval else effect_id))
+        if action is Action.SESSION_CLOSED:
+            session = await q.get_session(org_id, effect.session_id)
+            return _Plan(error=SessionClosed(effect.session_id, session.state if session else "?"))
+        # A (new) run of an existing effect: failed before, lease lost, or just approved.
+        attempt = effect.attempts + (0 if action is Action.EXECUTE_APPROVED else 1)
+        check_effect_transition(effect_id, effect.state, EffectState.EXECUTING)
+        executed = max(now, (effect.executed_us or 0) + 1)
+        changed = await q.update_effect(
+            org_id,
+            effect_id,
+            expect_state=effect.state,
+            state=EffectState.EXECUTING.value,
+            attempts=attempt,
+            error=None,
+            lease_expires_us=executed + self.lease_us,
+            executed_us=executed,
+            updated_us=now,
+        )
+        if not changed:
+            raise InvalidStateTransition(effect_id, effect.state, EffectState.EXECUTING.value)
+        await q.insert_event(
+            org_id,
+            "effect_intercepted",
+            effect.session_id,
+            effect_id,
+            _event_json(
+                {
+                    "stage": "executing",
+                    "tool_name": effect.tool_name,
+                    "tier": effect.tier,
+                    "step_index": effect.step_index,
+                    "attempt": attempt,
+                    "reason": action.value,
+                }
+            ),
+            now,
+        )
+        return _Plan(
+            decision=Decision(
+                Outcome.EXECUTE,
+                effect_id,
+                effect.step_index,
+                effect.call_signature,
+                tool,
+                attempt=attempt,
+            )
+        )
+
+    # -- commit / fail / resolve ---------------------------------------------------------------
+
+    async def commit(self, org_id: str, effect_id: str, result_json: str) -> EffectRecord:
+        """Record a run's result. Raises `NotFound`, or `NotExecuting` if it is not running."""
+        return await self._finish(org_id, effect_id, EffectState.COMMITTED, result_json, None)
+
+    async def fail(self, org_id: str, effect_id: str, error: str) -> EffectRecord:
+        """Record a run's failure; a retry of the call becomes a new attempt."""
+        return await self._finish(org_id, effect_id, EffectState.FAILED, None, error)
+
+    async def resolve(
+        self,
+        org_id: str,
+        effect_id: str,
+        *,
+        outcome: str,
+        result_json: str | None = None,
+        error: str | None = None,
+    ) -> EffectRecord:
+        """An operator settles an `in_doubt` effect as committed (with a result) or failed."""
+        if outcome not in ("committed", "failed"):
+            raise InvalidRequest("outcome must be 'committed' or 'failed'")
+        target = EffectState(outcome)
+        async with self.store.reader() as q:
+            effect = await q.get_effect(org_id, effect_id)
+        if effect is None:
+            raise NotFound(f"effect '{effect_id}' not found")
+        if effect.state != EffectState.IN_DOUBT:
+            raise InvalidStateTransition(effect_id, effect.state, target.value)
+        if target is EffectState.COMMITTED and result_json is None:
+            raise InvalidRequest("resolving as committed needs a result")
+        return await self._finish(
+            org_id,
+            effect_id,
+            target,
+            result_json,
+            error or "resolved as failed by an operator",
+            resolved=True,
+        )
+
+    async def _finish(
+        self,
+        org_id: str,
+        effect_id: str,
+        target: EffectState,
+        result_json: str | None,
+        error: str | None,
+        *,
+        resolved: bool = False,
+    ) -> EffectRecord:
+        now = self._clock()
+        async with self.store.transaction() as q:
+            for from_state in (EffectState.EXECUTING, EffectState.IN_DOUBT):
+                changed = await q.update_effect(
+                    org_id,
+                    effect_id,
+                    expect_state=from_state.value,
+                    state=target.value,
+                    result=result_json,
+                    error=error,
+                    lease_expires_us=None,
+                    finished_us=now,
+                    updated_us=now,
+                )
+                if changed:
+                    break
+            effect = await q.get_effect(org_id, effect_id)
+            if effect is None:
+                raise NotFound(f"effect '{effect_id}' not found")
+            if not changed:
+                check_effect_transition(effect_id, effect.state, target.value)
+                raise NotExecuting(effect_id)  # pragma: no cover - the check above raises
+            payload: dict[str, Any] = {
+                "stage": target.value,
+                "tool_name": effect.tool_name,
+                "attempt": effect.attempts,
+            }
+            if error is not None:
+                payload["error"] = error
+            if resolved:
+                payload["resolved_by"] = "operator"
+            event = "effect_committed" if target is EffectState.COMMITTED else "effect_failed"
+            await q.insert_event(
+                org_id, event, effect.session_id, effect_id, _event_json(payload), now
+            )
+        return effect
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def get_effect(self, org_id: str, effect_id: str) -> EffectRecord:
+        async with self.store.reader() as q:
+            effect = await q.get_effect(org_id, effect_id)
+        if effect is None:
+            raise NotFound(f"effect '{effect_id}' not found")
+        return effect
+
+    async def session_view(self, org_id: str, session_id: str) -> SessionView:
+        """A session with its effects (step order), undo stack (top first) and approvals."""
+        async with self.store.reader() as q:
+            session = await q.get_session(org_id, session_id)
+            if session is None:
+                raise NotFound(f"session '{session_id}' not found")
+            effects = await q.list_effects(org_id, session_id)
+            undo = await q.list_undo_entries(org_id, session_id)
+            approvals = await q.list_session_approvals(org_id, session_id)
+            events = await q.list_events(org_id, 0, 100_000, session_id=session_id)
+        replays: dict[str, int] = {}
+        for event in events:
+            if event.type == "effect_replayed" and event.effect_id:
+                replays[event.effect_id] = replays.get(event.effect_id, 0) + 1
+        return SessionView(session, effects, undo, approvals, replays)
+
+    async def list_sessions(self, org_id: str, limit: int = 100) -> list[SessionRecord]:
+        async with self.store.reader() as q:
+            return await q.list_sessions(org_id, limit)

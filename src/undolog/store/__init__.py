@@ -1,0 +1,43 @@
+"""Stores: one protocol (`Store`/`Queries`), a SQLite and a PostgreSQL implementation."""
+
+from __future__ import annotations
+
+from undolog.store.base import Queries, Store
+from undolog.store.records import (
+    ApprovalRecord,
+    EffectRecord,
+    EventRecord,
+    OrgRecord,
+    SessionRecord,
+    ToolRecord,
+    UndoEntryRecord,
+)
+
+__all__ = [
+    "ApprovalRecord",
+    "EffectRecord",
+    "EventRecord",
+    "OrgRecord",
+    "Queries",
+    "SessionRecord",
+    "Store",
+    "ToolRecord",
+    "UndoEntryRecord",
+    "open_store",
+]
+
+
+async def open_store(url: str, *, lock_max_attempts: int = 50, lock_retry_ms: int = 10) -> Store:
+    """Open the store a URL names: `sqlite:///path.db` or `postgresql://user@host/db`."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme == "sqlite":
+        from undolog.store.sqlite import SqliteStore
+
+        return await SqliteStore.open(url)
+    if scheme in ("postgres", "postgresql"):
+        from undolog.store.postgres import PostgresStore
+
+        return await PostgresStore.open(
+            url, lock_max_attempts=lock_max_attempts, lock_retry_ms=lock_retry_ms
+        )
+    raise ValueError(f"unsupported database URL {url!r}: use sqlite:///... or postgresql://...")

@@ -1,0 +1,572 @@
+"""The store: every read and write UndoLog makes, on top of three dialect primitives.
+
+`Queries` holds all the SQL (written with `?` placeholders) and turns rows into records;
+a dialect supplies `_fetchrow`, `_fetch` and `_execute` and whatever else differs (the
+advisory lock, the placeholder style). `Store` hands out `Queries` bound to a transaction
+(`transaction()`) or to an autocommit connection (`reader()`). The store knows nothing of
+the engine: it checks no state machine, it only reads and writes rows.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from importlib import resources
+from typing import Any, ClassVar
+
+from undolog.store.records import (
+    ApprovalRecord,
+    EffectRecord,
+    EventRecord,
+    OrgRecord,
+    SessionRecord,
+    ToolRecord,
+    UndoEntryRecord,
+)
+
+__all__ = ["Queries", "Store", "load_migrations"]
+
+_EFFECT_COLUMNS = (
+    "effect_id, org_id, session_id, step_index, tool_name, tool_version, tier, call_signature, "
+    "args, state, mode, attempts, result, error, lease_expires_us, executed_us, finished_us, "
+    "created_us, updated_us"
+)
+_UNDO_COLUMNS = (
+    "seq, entry_id, org_id, session_id, effect_id, fn_name, fn_version, args, max_retries, "
+    "retry_backoff_ms, registered_us, state, attempts, last_error, updated_us"
+)
+_APPROVAL_COLUMNS = (
+    "approval_id, org_id, effect_id, session_id, tool_name, args, status, created_us, "
+    "timeout_us, decided_us, decided_by, reason"
+)
+_TOOL_COLUMNS = (
+    "org_id, name, tier, version, compensation, idempotent_upstream, upstream_url, updated_us"
+)
+_ORG_COLUMNS = "org_id, name, approval_timeout_s, auto_approve_on_timeout, created_us"
+_SESSION_COLUMNS = "org_id, session_id, state, last_step, created_us, updated_us"
+_EVENT_COLUMNS = "event_id, org_id, type, session_id, effect_id, payload, created_us"
+
+_EFFECT_FIELDS = frozenset(
+    {
+        "state",
+        "attempts",
+        "result",
+        "error",
+        "lease_expires_us",
+        "executed_us",
+        "finished_us",
+        "updated_us",
+    }
+)
+_UNDO_FIELDS = frozenset({"state", "attempts", "last_error", "updated_us", "registered_us"})
+_APPROVAL_FIELDS = frozenset({"status", "decided_us", "decided_by", "reason", "timeout_us"})
+
+
+def _effect(row: Sequence[Any]) -> EffectRecord:
+    return EffectRecord(*row)
+
+
+def _undo(row: Sequence[Any]) -> UndoEntryRecord:
+    return UndoEntryRecord(*row)
+
+
+def _approval(row: Sequence[Any]) -> ApprovalRecord:
+    return ApprovalRecord(*row)
+
+
+def _tool(row: Sequence[Any]) -> ToolRecord:
+    return ToolRecord(row[0], row[1], row[2], row[3], row[4], bool(row[5]), row[6], row[7])
+
+
+def _org(row: Sequence[Any]) -> OrgRecord:
+    return OrgRecord(row[0], row[1], row[2], bool(row[3]), row[4])
+
+
+def _session(row: Sequence[Any]) -> SessionRecord:
+    return SessionRecord(*row)
+
+
+def _event(row: Sequence[Any]) -> EventRecord:
+    return EventRecord(*row)
+
+
+class Queries(abc.ABC):
+    """All statements of the store, bound to one connection (and maybe one transaction)."""
+
+    # -- dialect primitives ------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def _fetchrow(self, sql: str, *args: Any) -> Sequence[Any] | None: ...
+
+    @abc.abstractmethod
+    async def _fetch(self, sql: str, *args: Any) -> list[Sequence[Any]]: ...
+
+    @abc.abstractmethod
+    async def _execute(self, sql: str, *args: Any) -> int:
+        """Run a statement; return the number of rows it changed."""
+
+    # -- orgs and keys -----------------------------------------------------------------------
+
+    async def upsert_org(
+        self, org_id: str, name: str, approval_timeout_s: int, auto_approve: bool, now_us: int
+    ) -> None:
+        await self._execute(
+            "INSERT INTO orgs (org_id, name, approval_timeout_s, auto_approve_on_timeout, "
+            "created_us) VALUES (?, ?, ?, ?, ?) ON CONFLICT (org_id) DO UPDATE SET "
+            "name = excluded.name, approval_timeout_s = excluded.approval_timeout_s, "
+            "auto_approve_on_timeout = excluded.auto_approve_on_timeout",
+            org_id,
+            name,
+            approval_timeout_s,
+            auto_approve,
+            now_us,
+        )
+
+    async def get_org(self, org_id: str) -> OrgRecord | None:
+        row = await self._fetchrow(f"SELECT {_ORG_COLUMNS} FROM orgs WHERE org_id = ?", org_id)
+        return _org(row) if row else None
+
+    async def add_api_key(self, key_hash: str, org_id: str, label: str | None, now_us: int) -> None:
+        """Store a key's SHA-256 for an org (a key already stored keeps its org)."""
+        await self._execute(
+            "INSERT INTO api_keys (key_hash, org_id, label, created_us) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (key_hash) DO NOTHING",
+            key_hash,
+            org_id,
+            label,
+            now_us,
+        )
+
+    async def org_for_key_hash(self, key_hash: str) -> str | None:
+        row = await self._fetchrow("SELECT org_id FROM api_keys WHERE key_hash = ?", key_hash)
+        return str(row[0]) if row else None
+
+    # -- tools -------------------------------------------------------------------------------
+
+    async def upsert_tool(self, tool: ToolRecord) -> None:
+        await self._execute(
+            f"INSERT INTO tools ({_TOOL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (org_id, name) DO UPDATE SET tier = excluded.tier, "
+            "version = excluded.version, compensation = excluded.compensation, "
+            "idempotent_upstream = excluded.idempotent_upstream, "
+            "upstream_url = excluded.upstream_url, updated_us = excluded.updated_us",
+            tool.org_id,
+            tool.name,
+            tool.tier,
+            tool.version,
+            tool.compensation_json,
+            tool.idempotent_upstream,
+            tool.upstream_url,
+            tool.updated_us,
+        )
+
+    async def get_tool(self, org_id: str, name: str) -> ToolRecord | None:
+        row = await self._fetchrow(
+            f"SELECT {_TOOL_COLUMNS} FROM tools WHERE org_id = ? AND name = ?", org_id, name
+        )
+        return _tool(row) if row else None
+
+    async def list_tools(self, org_id: str) -> list[ToolRecord]:
+        rows = await self._fetch(
+            f"SELECT {_TOOL_COLUMNS} FROM tools WHERE org_id = ? ORDER BY name", org_id
+        )
+        return [_tool(r) for r in rows]
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    async def get_session(self, org_id: str, session_id: str) -> SessionRecord | None:
+        row = await self._fetchrow(
+            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE org_id = ? AND session_id = ?",
+            org_id,
+            session_id,
+        )
+        return _session(row) if row else None
+
+    async def touch_session(
+        self, org_id: str, session_id: str, step: int, now_us: int
+    ) -> SessionRecord:
+        """Create the session if it is new (active), note `step` as seen; return it."""
+        row = await self._fetchrow(
+            f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, 'active', ?, ?, ?) "
+            "ON CONFLICT (org_id, session_id) DO UPDATE SET "
+            "last_step = CASE WHEN excluded.last_step > sessions.last_step "
+            "THEN excluded.last_step ELSE sessions.last_step END, "
+            f"updated_us = excluded.updated_us RETURNING {_SESSION_COLUMNS}",
+            org_id,
+            session_id,
+            step,
+            now_us,
+            now_us,
+        )
+        assert row is not None
+        return _session(row)
+
+    async def insert_session(self, session: SessionRecord) -> bool:
+        changed = await self._execute(
+            f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (org_id, session_id) DO NOTHING",
+            session.org_id,
+            session.session_id,
+            session.state,
+            session.last_step,
+            session.created_us,
+            session.updated_us,
+        )
+        return changed == 1
+
+    async def update_session(
+        self,
+        org_id: str,
+        session_id: str,
+        now_us: int,
+        *,
+        state: str | None = None,
+        last_step: int | None = None,
+    ) -> None:
+        await self._execute(
+            "UPDATE sessions SET state = COALESCE(?, state), "
+            "last_step = CASE WHEN CAST(? AS INTEGER) > last_step THEN CAST(? AS INTEGER) "
+            "ELSE last_step END, updated_us = ? WHERE org_id = ? AND session_id = ?",
+            state,
+            last_step,
+            last_step,
+            now_us,
+            org_id,
+            session_id,
+        )
+
+    async def list_sessions(self, org_id: str, limit: int = 100) -> list[SessionRecord]:
+        rows = await self._fetch(
+            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE org_id = ? "
+            "ORDER BY updated_us DESC, session_id LIMIT ?",
+            org_id,
+            limit,
+        )
+        return [_session(r) for r in rows]
+
+    # -- effects -----------------------------------------------------------------------------
+
+    async def get_effect(self, org_id: str, effect_id: str) -> EffectRecord | None:
+        row = await self._fetchrow(
+            f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE org_id = ? AND effect_id = ?",
+            org_id,
+            effect_id,
+        )
+        return _effect(row) if row else None
+
+    async def get_effect_by_signature(self, org_id: str, signature: str) -> EffectRecord | None:
+        row = await self._fetchrow(
+            f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE org_id = ? AND call_signature = ?",
+            org_id,
+            signature,
+        )
+        return _effect(row) if row else None
+
+    async def find_unfinished_call(
+        self, org_id: str, session_id: str, tool_name: str, args_json: str, states: Sequence[str]
+    ) -> EffectRecord | None:
+        """The latest effect of this session for the same tool and args in one of `states`."""
+        marks = ", ".join("?" for _ in states)
+        row = await self._fetchrow(
+            f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE org_id = ? AND session_id = ? "
+            f"AND tool_name = ? AND args = ? AND state IN ({marks}) "
+            "ORDER BY step_index DESC LIMIT 1",
+            org_id,
+            session_id,
+            tool_name,
+            args_json,
+            *states,
+        )
+        return _effect(row) if row else None
+
+    async def insert_effect(self, effect: EffectRecord) -> bool:
+        """Insert an effect unless its signature exists in the org; True when inserted."""
+        changed = await self._execute(
+            f"INSERT INTO effects ({_EFFECT_COLUMNS}) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (org_id, call_signature) DO NOTHING",
+            effect.effect_id,
+            effect.org_id,
+            effect.session_id,
+            effect.step_index,
+            effect.tool_name,
+            effect.tool_version,
+            effect.tier,
+            effect.call_signature,
+            effect.args_json,
+            effect.state,
+            effect.mode,
+            effect.attempts,
+            effect.result_json,
+            effect.error,
+            effect.lease_expires_us,
+            effect.executed_us,
+            effect.finished_us,
+            effect.created_us,
+            effect.updated_us,
+        )
+        return changed == 1
+
+    async def update_effect(
+        self, org_id: str, effect_id: str, *, expect_state: str | None = None, **changes: Any
+    ) -> bool:
+        """Set columns of an effect; with `expect_state`, only if it is still in that state.
+
+        Returns True when a row changed (False means the effect moved on concurrently).
+        """
+        unknown = set(changes) - _EFFECT_FIELDS
+        if unknown:
+            raise ValueError(f"not updatable effect columns: {sorted(unknown)}")
+        sets = ", ".join(f"{name} = ?" for name in changes)
+        sql = f"UPDATE effects SET {sets} WHERE org_id = ? AND effect_id = ?"
+        args = [*changes.values(), org_id, effect_id]
+        if expect_state is not None:
+            sql += " AND state = ?"
+            args.append(expect_state)
+        return await self._execute(sql, *args) == 1
+
+    async def list_effects(self, org_id: str, session_id: str) -> list[EffectRecord]:
+        rows = await self._fetch(
+            f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE org_id = ? AND session_id = ? "
+            "ORDER BY step_index, created_us",
+            org_id,
+            session_id,
+        )
+        return [_effect(r) for r in rows]
+
+    # -- undo entries ------------------------------------------------------------------------
+
+    async def insert_undo_entry(self, entry: UndoEntryRecord) -> int:
+        """Push an entry on its session's undo stack; returns its `seq` (entry.seq is ignored)."""
+        row = await self._fetchrow(
+            f"INSERT INTO undo_entries ({_UNDO_COLUMNS.split(', ', 1)[1]}) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+            entry.entry_id,
+            entry.org_id,
+            entry.session_id,
+            entry.effect_id,
+            entry.fn_name,
+            entry.fn_version,
+            entry.args_json,
+            entry.max_retries,
+            entry.retry_backoff_ms,
+            entry.registered_us,
+            entry.state,
+            entry.attempts,
+            entry.last_error,
+            entry.updated_us,
+        )
+        assert row is not None
+        return int(row[0])
+
+    async def get_undo_entry(self, org_id: str, entry_id: str) -> UndoEntryRecord | None:
+        row = await self._fetchrow(
+            f"SELECT {_UNDO_COLUMNS} FROM undo_entries WHERE org_id = ? AND entry_id = ?",
+            org_id,
+            entry_id,
+        )
+        return _undo(row) if row else None
+
+    async def list_undo_entries(self, org_id: str, session_id: str) -> list[UndoEntryRecord]:
+        """A session's undo stack, newest (top) first."""
+        rows = await self._fetch(
+            f"SELECT {_UNDO_COLUMNS} FROM undo_entries WHERE org_id = ? AND session_id = ? "
+            "ORDER BY seq DESC",
+            org_id,
+            session_id,
+        )
+        return [_undo(r) for r in rows]
+
+    async def update_undo_entry(
+        self, org_id: str, entry_id: str, *, expect_state: str | None = None, **changes: Any
+    ) -> bool:
+        unknown = set(changes) - _UNDO_FIELDS
+        if unknown:
+            raise ValueError(f"not updatable undo columns: {sorted(unknown)}")
+        sets = ", ".join(f"{name} = ?" for name in changes)
+        sql = f"UPDATE undo_entries SET {sets} WHERE org_id = ? AND entry_id = ?"
+        args = [*changes.values(), org_id, entry_id]
+        if expect_state is not None:
+            sql += " AND state = ?"
+            args.append(expect_state)
+        return await self._execute(sql, *args) == 1
+
+    # -- approvals ---------------------------------------------------------------------------
+
+    async def insert_approval(self, approval: ApprovalRecord) -> None:
+        await self._execute(
+            f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            approval.approval_id,
+            approval.org_id,
+            approval.effect_id,
+            approval.session_id,
+            approval.tool_name,
+            approval.args_json,
+            approval.status,
+            approval.created_us,
+            approval.timeout_us,
+            approval.decided_us,
+            approval.decided_by,
+            approval.reason,
+        )
+
+    async def get_approval(self, org_id: str, approval_id: str) -> ApprovalRecord | None:
+        row = await self._fetchrow(
+            f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE org_id = ? AND approval_id = ?",
+            org_id,
+            approval_id,
+        )
+        return _approval(row) if row else None
+
+    async def get_approval_for_effect(self, org_id: str, effect_id: str) -> ApprovalRecord | None:
+        row = await self._fetchrow(
+            f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE org_id = ? AND effect_id = ?",
+            org_id,
+            effect_id,
+        )
+        return _approval(row) if row else None
+
+    async def list_approvals(
+        self, org_id: str, status: str | None = None, limit: int = 100
+    ) -> list[ApprovalRecord]:
+        """Approvals newest first, the id breaking ties."""
+        if status is None:
+            rows = await self._fetch(
+                f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE org_id = ? "
+                "ORDER BY created_us DESC, approval_id DESC LIMIT ?",
+                org_id,
+                limit,
+            )
+        else:
+            rows = await self._fetch(
+                f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE org_id = ? AND status = ? "
+                "ORDER BY created_us DESC, approval_id DESC LIMIT ?",
+                org_id,
+                status,
+                limit,
+            )
+        return [_approval(r) for r in rows]
+
+    async def list_session_approvals(self, org_id: str, session_id: str) -> list[ApprovalRecord]:
+        rows = await self._fetch(
+            f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE org_id = ? AND session_id = ? "
+            "ORDER BY created_us, approval_id",
+            org_id,
+            session_id,
+        )
+        return [_approval(r) for r in rows]
+
+    async def update_approval(
+        self, org_id: str, approval_id: str, *, expect_status: str | None = None, **changes: Any
+    ) -> bool:
+        unknown = set(changes) - _APPROVAL_FIELDS
+        if unknown:
+            raise ValueError(f"not updatable approval columns: {sorted(unknown)}")
+        sets = ", ".join(f"{name} = ?" for name in changes)
+        sql = f"UPDATE approvals SET {sets} WHERE org_id = ? AND approval_id = ?"
+        args = [*changes.values(), org_id, approval_id]
+        if expect_status is not None:
+            sql += " AND status = ?"
+            args.append(expect_status)
+        return await self._execute(sql, *args) == 1
+
+    # -- events ------------------------------------------------------------------------------
+
+    async def insert_event(
+        self,
+        org_id: str,
+        type_: str,
+        session_id: str | None,
+        effect_id: str | None,
+        payload_json: str,
+        now_us: int,
+    ) -> int:
+        row = await self._fetchrow(
+            "INSERT INTO events (org_id, type, session_id, effect_id, payload, created_us) "
+            "VALUES (?, ?, ?, ?, ?, ?) RETURNING event_id",
+            org_id,
+            type_,
+            session_id,
+            effect_id,
+            payload_json,
+            now_us,
+        )
+        assert row is not None
+        return int(row[0])
+
+    async def list_events(
+        self,
+        org_id: str,
+        after_id: int = 0,
+        limit: int = 1000,
+        session_id: str | None = None,
+    ) -> list[EventRecord]:
+        """Events of an org with an id above `after_id`, oldest first."""
+        if session_id is None:
+            rows = await self._fetch(
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE org_id = ? AND event_id > ? "
+                "ORDER BY event_id LIMIT ?",
+                org_id,
+                after_id,
+                limit,
+            )
+        else:
+            rows = await self._fetch(
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE org_id = ? AND event_id > ? "
+                "AND session_id = ? ORDER BY event_id LIMIT ?",
+                org_id,
+                after_id,
+                session_id,
+                limit,
+            )
+        return [_event(r) for r in rows]
+
+
+class Store(abc.ABC):
+    """A database behind the `Queries` above. Open one with `undolog.store.open_store`."""
+
+    dialect: ClassVar[str]
+
+    @abc.abstractmethod
+    def transaction(self, lock_key: str | None = None) -> AbstractAsyncContextManager[Queries]:
+        """One write transaction; committed on a clean exit, rolled back on an exception.
+
+        `lock_key` (a call signature) serialises transactions on the same key: PostgreSQL
+        takes `pg_advisory_xact_lock` with bounded retries (`AdvisoryLockTimeout`); SQLite's
+        `BEGIN IMMEDIATE` already serialises every writer.
+        """
+
+    @abc.abstractmethod
+    def reader(self) -> AbstractAsyncContextManager[Queries]:
+        """Reads outside a transaction (each statement sees committed data)."""
+
+    @abc.abstractmethod
+    def autocommit(self) -> AbstractAsyncContextManager[Queries]:
+        """Single-statement writes outside an explicit transaction (each commits alone)."""
+
+    @abc.abstractmethod
+    async def migrate(self) -> int:
+        """Apply pending migrations; return the schema version now in force."""
+
+    @abc.abstractmethod
+    async def schema_version(self) -> int: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+
+_MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+
+
+def load_migrations(dialect: str) -> list[tuple[int, str]]:
+    """The numbered SQL migrations shipped for a dialect, in order."""
+    folder = resources.files("undolog.store").joinpath("migrations", dialect)
+    found = []
+    for item in folder.iterdir():
+        match = _MIGRATION_NAME.match(item.name)
+        if match:
+            found.append((int(match.group(1)), item.read_text(encoding="utf-8")))
+    return sorted(found)

@@ -1,0 +1,167 @@
+"""PostgreSQL store: for production and for more than one proxy process.
+
+All instances share the database. A write transaction keyed by a call signature first takes
+`pg_try_advisory_xact_lock` on it, retrying up to `lock_max_attempts` times `lock_retry_ms`
+apart, then raises `AdvisoryLockTimeout`; the lock is released with the transaction. Inserts
+rely on `UNIQUE (org_id, call_signature)` with `ON CONFLICT DO NOTHING` as the safety net.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import lru_cache
+from typing import Any
+
+import asyncpg
+
+from undolog.store.base import Queries, Store, load_migrations
+from undolog_sdk.errors import AdvisoryLockTimeout, Database
+
+__all__ = ["PostgresStore", "advisory_key"]
+
+# A session-level lock around migrations, so two processes migrating at once take turns.
+_MIGRATION_LOCK_KEY = 0x756E646F6C6F67  # "undolog"
+
+
+@lru_cache(maxsize=512)
+def _dollar(sql: str) -> str:
+    """Rewrite `?` placeholders as `$1, $2, ...` (our SQL has no `?` inside literals)."""
+    counter = iter(range(1, 10_000))
+    return re.sub(r"\?", lambda _: f"${next(counter)}", sql)
+
+
+def advisory_key(signature: str) -> int:
+    """The signed 64-bit advisory lock key of a call signature (its first 8 bytes)."""
+    value = int(signature[:16], 16)
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
+
+
+class _PostgresQueries(Queries):
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+
+    async def _fetchrow(self, sql: str, *args: Any) -> Sequence[Any] | None:
+        row = await self._conn.fetchrow(_dollar(sql), *args)
+        return tuple(row) if row is not None else None
+
+    async def _fetch(self, sql: str, *args: Any) -> list[Sequence[Any]]:
+        return [tuple(r) for r in await self._conn.fetch(_dollar(sql), *args)]
+
+    async def _execute(self, sql: str, *args: Any) -> int:
+        status: str = await self._conn.execute(_dollar(sql), *args)
+        # "INSERT 0 1", "UPDATE 3", "DELETE 0": the row count is the last word.
+        tail = status.rsplit(" ", 1)[-1]
+        return int(tail) if tail.isdigit() else 0
+
+
+class PostgresStore(Store):
+    dialect = "postgres"
+
+    def __init__(
+        self, pool: asyncpg.Pool, *, lock_max_attempts: int = 50, lock_retry_ms: int = 10
+    ) -> None:
+        self._pool = pool
+        self.lock_max_attempts = max(1, lock_max_attempts)
+        self.lock_retry_ms = max(0, lock_retry_ms)
+
+    @classmethod
+    async def open(
+        cls,
+        url: str,
+        *,
+        lock_max_attempts: int = 50,
+        lock_retry_ms: int = 10,
+        min_size: int = 2,
+        max_size: int = 20,
+    ) -> PostgresStore:
+        dsn = "postgresql://" + url.split("://", 1)[1]
+        try:
+            pool = await asyncpg.create_pool(
+                dsn, min_size=min_size, max_size=max_size, command_timeout=60
+            )
+        except (*_DRIVER_ERRORS, asyncio.TimeoutError) as exc:
+            raise Database(f"cannot connect to PostgreSQL: {exc}") from exc
+        assert pool is not None
+        return cls(pool, lock_max_attempts=lock_max_attempts, lock_retry_ms=lock_retry_ms)
+
+    async def _lock(self, conn: asyncpg.Connection, signature: str) -> None:
+        key = advisory_key(signature)
+        for attempt in range(1, self.lock_max_attempts + 1):
+            if await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", key):
+                return
+            if attempt < self.lock_max_attempts:
+                await asyncio.sleep(self.lock_retry_ms / 1000)
+        raise AdvisoryLockTimeout(signature, self.lock_max_attempts)
+
+    @asynccontextmanager
+    async def transaction(self, lock_key: str | None = None) -> AsyncIterator[Queries]:
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                if lock_key is not None:
+                    await self._lock(conn, lock_key)
+                yield _PostgresQueries(conn)
+        except _DRIVER_ERRORS as exc:
+            raise Database(str(exc)) from exc
+
+    @asynccontextmanager
+    async def reader(self) -> AsyncIterator[Queries]:
+        try:
+            async with self._pool.acquire() as conn:
+                yield _PostgresQueries(conn)
+        except _DRIVER_ERRORS as exc:
+            raise Database(str(exc)) from exc
+
+    def autocommit(self) -> AbstractAsyncContextManager[Queries]:
+        return self.reader()
+
+    async def schema_version(self) -> int:
+        try:
+            async with self._pool.acquire() as conn:
+                exists = await conn.fetchval("SELECT to_regclass('undolog_schema_version')")
+                if exists is None:
+                    return 0
+                value = await conn.fetchval("SELECT MAX(version) FROM undolog_schema_version")
+        except _DRIVER_ERRORS as exc:
+            raise Database(str(exc)) from exc
+        return int(value or 0)
+
+    async def migrate(self) -> int:
+        try:
+            async with self._pool.acquire() as conn:
+                await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK_KEY)
+                try:
+                    async with conn.transaction():
+                        await conn.execute(
+                            "CREATE TABLE IF NOT EXISTS undolog_schema_version "
+                            "(version INTEGER PRIMARY KEY, applied_us BIGINT NOT NULL)"
+                        )
+                        current = int(
+                            await conn.fetchval("SELECT MAX(version) FROM undolog_schema_version")
+                            or 0
+                        )
+                        for version, sql in load_migrations(self.dialect):
+                            if version <= current:
+                                continue
+                            await conn.execute(sql)
+                            await conn.execute(
+                                "INSERT INTO undolog_schema_version (version, applied_us) "
+                                "VALUES ($1, $2)",
+                                version,
+                                time.time_ns() // 1000,
+                            )
+                            current = version
+                finally:
+                    await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK_KEY)
+        except _DRIVER_ERRORS as exc:
+            raise Database(f"migration failed: {exc}") from exc
+        return current
+
+    async def close(self) -> None:
+        await self._pool.close()

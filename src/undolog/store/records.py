@@ -1,0 +1,121 @@
+"""Rows of the store as frozen dataclasses.
+
+JSON payloads (tool args, results, undo args, event payloads) are kept as the exact JSON text
+that was stored, so a replay hands back the recorded bytes without a parse/serialise round
+trip. Times are integer microseconds since the Unix epoch (`*_us`): portable across SQLite and
+PostgreSQL, and fine-grained enough to order `registered_at < executed_at`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "ApprovalRecord",
+    "EffectRecord",
+    "EventRecord",
+    "OrgRecord",
+    "SessionRecord",
+    "ToolRecord",
+    "UndoEntryRecord",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class OrgRecord:
+    org_id: str
+    name: str
+    approval_timeout_s: int
+    auto_approve_on_timeout: bool
+    created_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRecord:
+    org_id: str
+    name: str
+    tier: str  # ToolTier value: safe | compensable | irreversible
+    version: str
+    compensation_json: str | None  # CompensationDescriptor as JSON, for COMPENSABLE tools
+    idempotent_upstream: bool
+    upstream_url: str | None
+    updated_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    org_id: str
+    session_id: str
+    state: str  # SessionState value
+    last_step: int  # highest step index seen; an unnumbered call takes last_step + 1
+    created_us: int
+    updated_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRecord:
+    effect_id: str
+    org_id: str
+    session_id: str
+    step_index: int
+    tool_name: str
+    tool_version: str | None
+    tier: str
+    call_signature: str
+    args_json: str
+    state: str  # EffectState value
+    mode: str  # "proxy" (the proxy runs the tool) or "sdk" (the agent runs it)
+    attempts: int
+    result_json: str | None
+    error: str | None
+    lease_expires_us: int | None
+    executed_us: int | None
+    finished_us: int | None
+    created_us: int
+    updated_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class UndoEntryRecord:
+    seq: int  # push order, assigned by the store; the stack unwinds highest first
+    entry_id: str
+    org_id: str
+    session_id: str
+    effect_id: str
+    fn_name: str
+    fn_version: str
+    args_json: str
+    max_retries: int
+    retry_backoff_ms: int
+    registered_us: int
+    state: str  # UndoState value
+    attempts: int
+    last_error: str | None
+    updated_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRecord:
+    approval_id: str
+    org_id: str
+    effect_id: str
+    session_id: str
+    tool_name: str
+    args_json: str
+    status: str  # ApprovalStatus value
+    created_us: int
+    timeout_us: int
+    decided_us: int | None
+    decided_by: str | None
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    event_id: int
+    org_id: str
+    type: str
+    session_id: str | None
+    effect_id: str | None
+    payload_json: str
+    created_us: int

@@ -1,0 +1,194 @@
+"""SQLite store: the embedded default.
+
+One writer connection (SQLite has one writer anyway) guarded by an asyncio lock, each write
+transaction opened with `BEGIN IMMEDIATE` so that writers from other processes sharing the file
+queue on `busy_timeout` instead of failing at commit. WAL lets a separate reader connection see
+committed data while a write is open. `synchronous=FULL` makes a committed intent durable
+before the tool runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from undolog.store.base import Queries, Store, load_migrations
+from undolog_sdk.errors import Database
+
+__all__ = ["SqliteStore"]
+
+BUSY_TIMEOUT_MS = 10_000
+
+
+class _SqliteQueries(Queries):
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self._conn = conn
+
+    async def _fetchrow(self, sql: str, *args: Any) -> Sequence[Any] | None:
+        async with self._conn.execute(sql, args) as cursor:
+            row = await cursor.fetchone()
+        return tuple(row) if row is not None else None
+
+    async def _fetch(self, sql: str, *args: Any) -> list[Sequence[Any]]:
+        async with self._conn.execute(sql, args) as cursor:
+            rows = await cursor.fetchall()
+        return [tuple(r) for r in rows]
+
+    async def _execute(self, sql: str, *args: Any) -> int:
+        async with self._conn.execute(sql, args) as cursor:
+            return cursor.rowcount
+
+
+async def _pragma(conn: aiosqlite.Connection, pragma: str) -> None:
+    # Read the answer to the end: an unfinished statement would keep the database locked.
+    async with conn.execute(f"PRAGMA {pragma}") as cursor:
+        await cursor.fetchall()
+
+
+def _path_from_url(url: str) -> str:
+    """`sqlite:///./undolog.db` → `./undolog.db`; `sqlite:////abs/x.db` → `/abs/x.db`."""
+    if url in ("sqlite://", "sqlite:///:memory:"):
+        return ":memory:"
+    if not url.startswith("sqlite:///"):
+        raise ValueError(f"not a SQLite URL: {url!r} (expected sqlite:///path/to/file.db)")
+    return url[len("sqlite:///") :]
+
+
+class SqliteStore(Store):
+    dialect = "sqlite"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._writer: aiosqlite.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._write_lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, url: str) -> SqliteStore:
+        store = cls(_path_from_url(url))
+        try:
+            if store.path != ":memory:":
+                Path(store.path).parent.mkdir(parents=True, exist_ok=True)
+            store._writer = await store._connect()
+            await _pragma(store._writer, "journal_mode=WAL")
+            # The reader of an in-memory database would see another database: share the writer.
+            store._reader = store._writer if store.path == ":memory:" else await store._connect()
+        except (sqlite3.Error, OSError) as exc:
+            await store.close()
+            raise Database(str(exc)) from exc
+        return store
+
+    async def _connect(self) -> aiosqlite.Connection:
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves.
+        conn = await aiosqlite.connect(self.path, isolation_level=None)
+        await _pragma(conn, f"busy_timeout={BUSY_TIMEOUT_MS}")
+        await _pragma(conn, "synchronous=FULL")
+        await _pragma(conn, "foreign_keys=ON")
+        return conn
+
+    @asynccontextmanager
+    async def transaction(self, lock_key: str | None = None) -> AsyncIterator[Queries]:
+        conn = self._writer
+        if conn is None:
+            raise Database("store is closed")
+        async with self._write_lock:
+            try:
+                await conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise Database(str(exc)) from exc
+            try:
+                yield _SqliteQueries(conn)
+            except BaseException as exc:
+                try:
+                    await conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                if isinstance(exc, sqlite3.Error):
+                    raise Database(str(exc)) from exc
+                raise
+            try:
+                await conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                try:
+                    await conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                raise Database(str(exc)) from exc
+
+    @asynccontextmanager
+    async def reader(self) -> AsyncIterator[Queries]:
+        conn = self._reader
+        if conn is None:
+            raise Database("store is closed")
+        try:
+            yield _SqliteQueries(conn)
+        except sqlite3.Error as exc:
+            raise Database(str(exc)) from exc
+
+    @asynccontextmanager
+    async def autocommit(self) -> AsyncIterator[Queries]:
+        conn = self._writer
+        if conn is None:
+            raise Database("store is closed")
+        async with self._write_lock:
+            try:
+                yield _SqliteQueries(conn)
+            except sqlite3.Error as exc:
+                raise Database(str(exc)) from exc
+
+    async def schema_version(self) -> int:
+        async with self.reader() as q:
+            try:
+                row = await q._fetchrow("SELECT MAX(version) FROM undolog_schema_version")
+            except Database:
+                return 0
+        return int(row[0]) if row and row[0] is not None else 0
+
+    async def migrate(self) -> int:
+        conn = self._writer
+        if conn is None:
+            raise Database("store is closed")
+        async with self._write_lock:
+            try:
+                await conn.execute("BEGIN IMMEDIATE")
+                await conn.execute(
+                    "CREATE TABLE IF NOT EXISTS undolog_schema_version "
+                    "(version INTEGER PRIMARY KEY, applied_us INTEGER NOT NULL)"
+                )
+                async with conn.execute("SELECT MAX(version) FROM undolog_schema_version") as cur:
+                    row = await cur.fetchone()
+                current = int(row[0]) if row and row[0] is not None else 0
+                for version, sql in load_migrations(self.dialect):
+                    if version <= current:
+                        continue
+                    for statement in _statements(sql):
+                        await conn.execute(statement)
+                    await conn.execute(
+                        "INSERT INTO undolog_schema_version (version, applied_us) VALUES (?, ?)",
+                        (version, time.time_ns() // 1000),
+                    )
+                    current = version
+                await conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                await conn.execute("ROLLBACK")
+                raise Database(f"migration failed: {exc}") from exc
+        return current
+
+    async def close(self) -> None:
+        for conn in {id(c): c for c in (self._reader, self._writer) if c is not None}.values():
+            await conn.close()
+        self._reader = self._writer = None
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration script into statements (our scripts have no `;` inside literals)."""
+    body = re.sub(r"--[^\n]*", "", script)
+    return [s.strip() for s in body.split(";") if s.strip()]
