@@ -1,0 +1,26 @@
+"""The demo tools as registry entries: tiers and compensations for the demo org."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["DEMO_TOOLS"]
+
+
+def _undo(fn_name: str) -> dict[str, Any]:
+    return {"fn_name": fn_name, "max_retries": 3, "retry_backoff_ms": 200}
+
+
+DEMO_TOOLS: dict[str, dict[str, Any]] = {
+    "search_web": {"tier": "safe"},
+    "send_email": {"tier": "compensable", "compensation": _undo("undo_send_email")},
+    "transfer_funds": {"tier": "compensable", "compensation": _undo("reverse_transfer")},
+    "create_record": {"tier": "compensable", "compensation": _undo("delete_record")},
+    "delete_database": {"tier": "irreversible"},
+    "publish_to_production": {"tier": "irreversible"},
+    "echo": {"tier": "compensable", "compensation": _undo("echo")},
+    "flaky": {"tier": "compensable", "compensation": _undo("echo")},
+    "slow": {"tier": "compensable", "compensation": _undo("echo")},
+    "broken": {"tier": "compensable", "compensation": _undo("echo")},
+    "fail": {"tier": "compensable", "compensation": _undo("echo")},
+}

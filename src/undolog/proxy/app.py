@@ -1,0 +1,177 @@
+"""Builds the proxy's ASGI app from settings: store, engine, executor, routes, edge."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+import undolog
+from undolog.config import Settings
+from undolog.engine import Engine
+from undolog.proxy.edge import Edge, KeyResolver
+from undolog.proxy.executor import ToolExecutor
+from undolog.proxy.metrics import ProxyMetrics
+from undolog.proxy.routes import router
+from undolog.proxy.toolcall import tool_call
+from undolog.proxy.wire import error_body, json_response
+from undolog.store import Store, open_store
+from undolog_sdk.tier import ToolTier
+
+__all__ = ["Runtime", "create_app", "open_runtime"]
+
+_TOOL_CALL_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["session_id", "tool_name", "args"],
+                "properties": {
+                    "session_id": {"type": "string", "format": "uuid"},
+                    "tool_name": {"type": "string"},
+                    "tool_version": {"type": "string"},
+                    "step_index": {"type": "integer", "minimum": 0, "maximum": 4294967295},
+                    "args": {"type": "object"},
+                    "mode": {"enum": ["proxy", "sdk"], "default": "proxy"},
+                },
+            }
+        }
+    },
+}
+
+_STATUS_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
+
+
+@dataclass
+class Runtime:
+    """Everything a request handler needs, built once per app."""
+
+    store: Store
+    engine: Engine
+    executor: ToolExecutor
+    metrics: ProxyMetrics
+    retry_after_seconds: int
+    commit_retry_attempts: int
+    commit_retry_backoff_ms: int
+    log: Any
+
+
+async def open_runtime(settings: Settings) -> Runtime:
+    """Open the store (migrating it), seed the configured orgs and tools, open the executor."""
+    store = await open_store(
+        settings.database_url,
+        lock_max_attempts=settings.lock_max_attempts,
+        lock_retry_ms=settings.lock_retry_ms,
+    )
+    try:
+        await store.migrate()
+        engine = Engine(
+            store,
+            lease_seconds=settings.lease_seconds,
+            retry_after_seconds=settings.retry_after_seconds,
+        )
+        for org in settings.orgs:
+            await engine.ensure_org(
+                org.org_id,
+                name=org.name,
+                approval_timeout_s=org.approval_timeout_seconds,
+                auto_approve_on_timeout=org.auto_approve_on_timeout,
+                api_key_hashes=org.api_key_hashes,
+            )
+        for tool in settings.tools:
+            await engine.register_tool(
+                tool.org_id,
+                tool.name,
+                tier=ToolTier(tool.tier).value,
+                version=tool.version,
+                compensation=dict(tool.compensation) if tool.compensation else None,
+                idempotent_upstream=tool.idempotent_upstream,
+                upstream_url=tool.upstream_url,
+            )
+    except BaseException:
+        await store.close()
+        raise
+    executor = ToolExecutor(
+        settings.upstream_url, timeout_seconds=settings.upstream_timeout_seconds
+    )
+    await executor.open()
+    return Runtime(
+        store=store,
+        engine=engine,
+        executor=executor,
+        metrics=ProxyMetrics.create(),
+        retry_after_seconds=settings.retry_after_seconds,
+        commit_retry_attempts=max(1, settings.commit_retry_attempts),
+        commit_retry_backoff_ms=settings.commit_retry_backoff_ms,
+        log=structlog.get_logger("undolog.proxy"),
+    )
+
+
+def create_app(settings: Settings) -> Any:
+    """The proxy as an ASGI app; the store opens in the lifespan."""
+    metrics_holder: dict[str, Runtime] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = await open_runtime(settings)
+        runtime.metrics = metrics
+        metrics_holder["runtime"] = runtime
+        app.state.runtime = runtime
+        try:
+            yield
+        finally:
+            await runtime.executor.close()
+            await runtime.store.close()
+
+    api = FastAPI(
+        title="UndoLog proxy",
+        version=undolog.__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    api.add_api_route(
+        "/mcp/tool_call",
+        tool_call,
+        methods=["POST"],
+        summary="Intercept and execute a tool call through the UndoLog engine",
+        openapi_extra={"requestBody": _TOOL_CALL_BODY},
+    )
+    api.include_router(router)
+
+    @api.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        code = _STATUS_CODES.get(exc.status_code, "http_error")
+        detail = str(exc.detail)
+        if exc.status_code == 405:
+            detail = f"method {request.method} is not allowed on {request.url.path}"
+        return json_response(
+            error_body(request.state.request_id, code, detail), exc.status_code, exc.headers
+        )
+
+    @api.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return json_response(
+            error_body(request.state.request_id, "invalid_request", str(exc.errors())), 400
+        )
+
+    async def lookup(key_hash: str) -> str | None:
+        return await metrics_holder["runtime"].engine.org_for_key_hash(key_hash)
+
+    metrics = ProxyMetrics.create()
+    edge = Edge(
+        api,
+        metrics=metrics,
+        keys=KeyResolver(lookup),
+        max_body_bytes=settings.max_body_bytes,
+    )
+    edge.fastapi = api  # type: ignore[attr-defined]  # for tests and the CLI
+    return edge

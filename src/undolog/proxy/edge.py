@@ -1,0 +1,220 @@
+"""The ASGI edge of the proxy: request ids, /health and /metrics, body limit, auth, metrics.
+
+Written as plain ASGI rather than `BaseHTTPMiddleware`, which costs a task and a memory
+stream per request on the hot path. Order: a request id for every response; `/health` and
+`/metrics` answered before anything else (outside auth and outside the HTTP metrics, as the
+reference says); then the body limit; then auth, which puts the key's org in
+`scope["state"]["org_id"]`; then the app, timed per route template.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import orjson
+
+from undolog.config import hash_api_key
+from undolog.proxy.metrics import ProxyMetrics
+from undolog.proxy.wire import error_body
+from undolog_sdk.errors import AuthFailed, AuthMissing, PayloadTooLarge, UndoLogError
+
+__all__ = ["Edge", "KeyResolver"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+PUBLIC_PREFIXES = ("/openapi.json", "/docs", "/ui")
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class KeyResolver:
+    """API key → org, through the store, cached briefly in this process.
+
+    Keys are hashed (SHA-256) before any lookup and never kept or logged in plain form.
+    """
+
+    def __init__(
+        self,
+        lookup: Callable[[str], Awaitable[str | None]],
+        *,
+        ttl_seconds: float = 5.0,
+        negative_ttl_seconds: float = 1.0,
+    ) -> None:
+        self._lookup = lookup
+        self._ttl = ttl_seconds
+        self._negative_ttl = negative_ttl_seconds
+        self._cache: dict[str, tuple[float, str | None]] = {}
+
+    async def org_for_key(self, key: str) -> str | None:
+        key_hash = hash_api_key(key)
+        now = time.monotonic()
+        cached = self._cache.get(key_hash)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        org = await self._lookup(key_hash)
+        self._cache[key_hash] = (now + (self._ttl if org else self._negative_ttl), org)
+        if len(self._cache) > 10_000:  # bounded: unknown keys must not grow it forever
+            self._cache.clear()
+        return org
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+async def _send_json(send: Send, status: int, body: Any, request_id: str) -> None:
+    payload = orjson.dumps(body)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                (b"x-request-id", request_id.encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
+
+
+class Edge:
+    """Wraps the FastAPI app; see the module docstring for what it does, in order."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        metrics: ProxyMetrics,
+        keys: KeyResolver,
+        max_body_bytes: int,
+    ) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.keys = keys
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        supplied = _header(scope, b"x-request-id")
+        request_id = (
+            supplied if supplied and _SAFE_REQUEST_ID.match(supplied) else str(uuid.uuid4())
+        )
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        path: str = scope["path"]
+        if path == "/health":
+            await _send_json(send, 200, {"status": "ok", "service": "undolog-proxy"}, request_id)
+            return
+        if path == "/metrics":
+            await self._send_metrics(send, request_id)
+            return
+
+        status_holder = [500]
+        rid = request_id.encode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status_holder[0] = message["status"]
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid)]
+            await send(message)
+
+        started = time.perf_counter()
+        try:
+            await self._guarded(scope, receive, send_with_id, request_id, path)
+        finally:
+            route = scope.get("route")
+            label = getattr(route, "path", None) or "unmatched"
+            self.metrics.http_requests.labels(label, str(status_holder[0])).inc()
+            self.metrics.http_duration.labels(label).observe(time.perf_counter() - started)
+
+    async def _guarded(
+        self, scope: Scope, receive: Receive, send: Send, request_id: str, path: str
+    ) -> None:
+        try:
+            if scope["method"] in _BODY_METHODS:
+                receive = await self._bounded_body(scope, receive)
+            if not path.startswith(PUBLIC_PREFIXES):
+                scope["state"]["org_id"] = await self._authenticate(scope)
+        except UndoLogError as exc:
+            await _send_json(
+                send,
+                exc.http_status,
+                error_body(request_id, exc.code, exc.message),
+                request_id,
+            )
+            return
+        await self.app(scope, receive, send)
+
+    async def _bounded_body(self, scope: Scope, receive: Receive) -> Receive:
+        """Read the whole body (refusing more than the limit) and replay it to the app."""
+        limit = self.max_body_bytes
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return replay
+
+    async def _authenticate(self, scope: Scope) -> str:
+        key = _header(scope, b"x-api-key")
+        if not key:
+            raise AuthMissing("missing X-Api-Key header")
+        org_id = await self.keys.org_for_key(key)
+        if org_id is None:
+            raise AuthFailed("API key not recognised")
+        for header in (b"x-org-id", b"x-undolog-org-id"):
+            claimed = _header(scope, header)
+            if claimed is not None and not hmac.compare_digest(claimed.encode(), org_id.encode()):
+                raise AuthFailed(f"{header.decode()} does not match the API key's organisation")
+        return org_id
+
+    async def _send_metrics(self, send: Send, request_id: str) -> None:
+        payload = self.metrics.render()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
+                    (b"content-length", str(len(payload)).encode()),
+                    (b"x-request-id", request_id.encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload})

@@ -1,0 +1,114 @@
+"""Runs a tool on the upstream tool server (DESIGN.md, "Upstream tool server protocol").
+
+Uses aiohttp rather than httpx's pooled AsyncClient: on these machines httpx's pool collapses
+under concurrency (DESIGN.md, measured facts), and this client is on the hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+__all__ = ["ToolExecutor", "ToolResult", "ToolTransportError"]
+
+
+class ToolTransportError(Exception):
+    """The upstream could not be reached, timed out, or answered with no ToolResult."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """The upstream's answer: `success` false with an HTTP error status is a logical failure."""
+
+    success: bool
+    output: Any
+    error: str | None
+    http_status: int
+
+    def to_json(self) -> str:
+        return orjson.dumps(
+            {"success": self.success, "output": self.output, "error": self.error}
+        ).decode()
+
+
+def _parse_tool_result(status: int, body: bytes) -> ToolResult | None:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("success"), bool):
+        return None
+    error = data.get("error")
+    if error is not None and not isinstance(error, str):
+        error = str(error)
+    return ToolResult(data["success"], data.get("output"), error, status)
+
+
+class ToolExecutor:
+    """A pooled client to upstream tool servers. Open it inside a running event loop."""
+
+    def __init__(self, default_upstream: str, *, timeout_seconds: float = 30.0) -> None:
+        self.default_upstream = default_upstream.rstrip("/")
+        self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=300)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=self.timeout,
+            json_serialize=lambda o: orjson.dumps(o).decode(),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def call(
+        self,
+        tool_name: str,
+        args: Any,
+        *,
+        session_id: str | None,
+        effect_id: str,
+        request_id: str,
+        upstream_url: str | None = None,
+    ) -> ToolResult:
+        """POST the call upstream; the effect id is the `Idempotency-Key`.
+
+        Raises:
+            ToolTransportError: refused connection, timeout, or a body that is no ToolResult.
+        """
+        if self._session is None:
+            raise ToolTransportError("executor is not open")
+        base = (upstream_url or self.default_upstream).rstrip("/")
+        body = orjson.dumps({"args": args, "session_id": session_id, "effect_id": effect_id})
+        headers = {
+            "Content-Type": "application/json",
+            "Idempotency-Key": effect_id,
+            "X-Request-Id": request_id,
+        }
+        try:
+            async with self._session.post(
+                f"{base}/tools/{tool_name}", data=body, headers=headers
+            ) as response:
+                raw = await response.read()
+                status = response.status
+        except asyncio.TimeoutError:
+            raise ToolTransportError(
+                f"upstream timed out after {self.timeout.total}s calling '{tool_name}'"
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise ToolTransportError(f"upstream unreachable calling '{tool_name}': {exc}") from None
+        result = _parse_tool_result(status, raw)
+        if result is None:
+            snippet = raw[:200].decode("utf-8", "replace")
+            raise ToolTransportError(
+                f"upstream answered HTTP {status} without a ToolResult body: {snippet!r}"
+            )
+        return result

@@ -1,0 +1,105 @@
+"""Prometheus metric families of the proxy, with the reference's names and labels.
+
+Each app gets its own registry, so two apps in one process (tests) do not collide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["ProxyMetrics"]
+
+_LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+
+
+@dataclass
+class ProxyMetrics:
+    registry: CollectorRegistry
+    http_requests: Counter
+    http_duration: Histogram
+    engine_rpc_duration: Histogram
+    engine_rpc_errors: Counter
+    engine_rpc_retries: Counter
+    executor_duration: Histogram
+    sse_subscribers: Gauge
+    sse_events_dropped: Counter
+    approval_decisions: Counter
+    approval_decision_duration: Histogram
+
+    @classmethod
+    def create(cls) -> ProxyMetrics:
+        r = CollectorRegistry(auto_describe=True)
+        return cls(
+            registry=r,
+            http_requests=Counter(
+                "undolog_proxy_http_requests_total",
+                "Completed HTTP requests by route and status code.",
+                ["route", "status"],
+                registry=r,
+            ),
+            http_duration=Histogram(
+                "undolog_proxy_http_request_duration_seconds",
+                "HTTP request duration per route.",
+                ["route"],
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            ),
+            engine_rpc_duration=Histogram(
+                "undolog_proxy_engine_rpc_duration_seconds",
+                "Engine call duration.",
+                ["method"],
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            ),
+            engine_rpc_errors=Counter(
+                "undolog_proxy_engine_rpc_errors_total",
+                "Engine calls that returned an error.",
+                ["method"],
+                registry=r,
+            ),
+            engine_rpc_retries=Counter(
+                "undolog_proxy_engine_rpc_retries_total",
+                "Engine calls retried after a transient failure.",
+                ["method"],
+                registry=r,
+            ),
+            executor_duration=Histogram(
+                "undolog_proxy_executor_duration_seconds",
+                "Upstream tool executor duration.",
+                ["result"],
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            ),
+            sse_subscribers=Gauge(
+                "undolog_proxy_sse_subscribers",
+                "Active SSE subscribers per organisation.",
+                ["org"],
+                registry=r,
+            ),
+            sse_events_dropped=Counter(
+                "undolog_proxy_sse_events_dropped_total",
+                "SSE events dropped because a subscriber channel was full.",
+                ["org"],
+                registry=r,
+            ),
+            approval_decisions=Counter(
+                "undolog_proxy_approval_decisions_total",
+                "Approval decisions by action and outcome.",
+                ["action", "result"],
+                registry=r,
+            ),
+            approval_decision_duration=Histogram(
+                "undolog_proxy_approval_decision_duration_seconds",
+                "Approval decision latency.",
+                ["action"],
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            ),
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

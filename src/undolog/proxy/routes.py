@@ -1,0 +1,188 @@
+"""The REST routes besides the tool call: tool registry, effects, sessions."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from undolog.proxy.wire import (
+    approval_json,
+    effect_json,
+    error_response,
+    json_response,
+    session_json,
+    tool_json,
+    undo_entry_json,
+)
+from undolog_sdk.errors import InvalidRequest, UndoLogError
+from undolog_sdk.signature import canonical_json
+
+if TYPE_CHECKING:
+    from undolog.proxy.app import Runtime
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+def _runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+async def _json_object(request: Request, *, optional: bool = False) -> dict[str, Any]:
+    body = await request.body()
+    if not body.strip():
+        if optional:
+            return {}
+        raise InvalidRequest("a JSON object body is required")
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"invalid JSON body: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    return data
+
+
+def _result_json(value: Any) -> str:
+    try:
+        return canonical_json(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"result cannot be stored as JSON: {exc}") from None
+
+
+_TOOL_BODY = {
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["tier"],
+                "properties": {
+                    "tier": {"enum": ["safe", "compensable", "irreversible"]},
+                    "version": {"type": "string"},
+                    "compensation": {"type": "object"},
+                    "idempotent_upstream": {"type": "boolean"},
+                    "upstream_url": {"type": "string"},
+                },
+            }
+        }
+    }
+}
+
+
+@router.put("/tools/{name}", openapi_extra={"requestBody": _TOOL_BODY})
+async def put_tool(name: str, request: Request) -> Response:
+    """Register or replace a tool of the caller's org."""
+    runtime = _runtime(request)
+    try:
+        data = await _json_object(request)
+        unknown = set(data) - {"tier", "version", "compensation", "idempotent_upstream",
+                               "upstream_url"}  # fmt: skip
+        if unknown:
+            raise InvalidRequest(f"unknown fields: {sorted(unknown)}")
+        compensation = data.get("compensation")
+        if compensation is not None and not isinstance(compensation, dict):
+            raise InvalidRequest("compensation must be an object")
+        tool = await runtime.engine.register_tool(
+            request.state.org_id,
+            name,
+            tier=str(data.get("tier", "")),
+            version=str(data.get("version", "1.0.0")),
+            compensation=compensation,
+            idempotent_upstream=bool(data.get("idempotent_upstream", False)),
+            upstream_url=data.get("upstream_url"),
+        )
+    except UndoLogError as exc:
+        return error_response(request.state.request_id, exc)
+    return json_response(tool_json(tool))
+
+
+@router.get("/tools")
+async def list_tools(request: Request) -> Response:
+    tools = await _runtime(request).engine.list_tools(request.state.org_id)
+    return json_response([tool_json(t) for t in tools])
+
+
+@router.post("/effects/{id}/commit")
+async def commit_effect(id: str, request: Request) -> Response:  # noqa: A002 - reference name
+    """Record the result of an SDK-executed call: body `{"result": ...}`."""
+    runtime = _runtime(request)
+    try:
+        data = await _json_object(request)
+        if "result" not in data:
+            raise InvalidRequest("missing result")
+        effect = await runtime.engine.commit(request.state.org_id, id, _result_json(data["result"]))
+    except UndoLogError as exc:
+        return error_response(request.state.request_id, exc)
+    return json_response(effect_json(effect))
+
+
+@router.post("/effects/{id}/fail")
+async def fail_effect(id: str, request: Request) -> Response:  # noqa: A002
+    """Record the failure of an SDK-executed call: body `{"error": "..."}`."""
+    runtime = _runtime(request)
+    try:
+        data = await _json_object(request)
+        error = data.get("error")
+        if not isinstance(error, str):
+            raise InvalidRequest("error must be a string")
+        effect = await runtime.engine.fail(request.state.org_id, id, error)
+    except UndoLogError as exc:
+        return error_response(request.state.request_id, exc)
+    return json_response(effect_json(effect))
+
+
+@router.post("/effects/{id}/resolve")
+async def resolve_effect(id: str, request: Request) -> Response:  # noqa: A002
+    """Settle an `in_doubt` effect: `{"outcome": "committed", "result": ...}` or
+    `{"outcome": "failed", "error": "..."}`."""
+    runtime = _runtime(request)
+    try:
+        data = await _json_object(request)
+        outcome = data.get("outcome")
+        if not isinstance(outcome, str):
+            raise InvalidRequest("outcome must be 'committed' or 'failed'")
+        result = _result_json(data["result"]) if "result" in data else None
+        error = data.get("error")
+        if error is not None and not isinstance(error, str):
+            raise InvalidRequest("error must be a string")
+        effect = await runtime.engine.resolve(
+            request.state.org_id, id, outcome=outcome, result_json=result, error=error
+        )
+    except UndoLogError as exc:
+        return error_response(request.state.request_id, exc)
+    return json_response(effect_json(effect))
+
+
+@router.get("/effects/{id}")
+async def get_effect(id: str, request: Request) -> Response:  # noqa: A002
+    try:
+        effect = await _runtime(request).engine.get_effect(request.state.org_id, id)
+    except UndoLogError as exc:
+        return error_response(request.state.request_id, exc)
+    return json_response(effect_json(effect))
+
+
+@router.get("/sessions")
+async def list_sessions(request: Request, limit: int = 100) -> Response:
+    limit = limit if 1 <= limit <= 500 else 100
+    sessions = await _runtime(request).engine.list_sessions(request.state.org_id, limit)
+    return json_response([session_json(s) for s in sessions])
+
+
+@router.get("/sessions/{id}")
+async def get_session(id: str, request: Request) -> Response:  # noqa: A002
+    """A session with its effects in step order, its undo stack (top first), its approvals."""
+    try:
+        view = await _runtime(request).engine.session_view(request.state.org_id, id)
+    except UndoLogError as exc:
+        return error_response(request.state.request_id, exc)
+    body = session_json(view.session)
+    body["effects"] = [effect_json(e, view.replay_counts.get(e.effect_id, 0)) for e in view.effects]
+    body["undo_stack"] = [undo_entry_json(u) for u in view.undo_entries]
+    body["approvals"] = [approval_json(a) for a in view.approvals]
+    return json_response(body)

@@ -1,0 +1,225 @@
+"""`POST /mcp/tool_call`: intercept, run upstream, commit or fail — the product's hot path.
+
+Parsing is by hand with orjson (no model validation layer), and a replay splices the stored
+result JSON into the response without decoding it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from undolog.engine import Decision, Outcome
+from undolog.proxy.executor import ToolTransportError
+from undolog.proxy.wire import JSON_TYPE, error_response, json_response
+from undolog_sdk.errors import (
+    AdvisoryLockTimeout,
+    CommitFailed,
+    Database,
+    DuplicateSignature,
+    InterceptFailed,
+    Internal,
+    InvalidRequest,
+    Serialization,
+    ToolError,
+    UndoLogError,
+)
+
+if TYPE_CHECKING:
+    from undolog.proxy.app import Runtime
+
+__all__ = ["parse_tool_call", "tool_call"]
+
+T = TypeVar("T")
+
+# Failures of the engine itself (as opposed to answers about the call): 502 intercept_failed.
+_ENGINE_FAILURES = (Database, Internal, Serialization, AdvisoryLockTimeout, DuplicateSignature)
+_MODE_HEADER = "x-undolog-mode"
+
+
+def parse_tool_call(body: bytes) -> dict[str, Any]:
+    """Validate a tool-call body. Raises `InvalidRequest` with what is wrong."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"invalid JSON body: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    session_id = data.get("session_id")
+    if not isinstance(session_id, str) or not session_id:
+        raise InvalidRequest("missing session_id")
+    tool_name = data.get("tool_name")
+    if not isinstance(tool_name, str) or not tool_name:
+        raise InvalidRequest("missing tool_name")
+    if "args" not in data:
+        raise InvalidRequest("missing args")
+    if not isinstance(data["args"], dict):
+        raise InvalidRequest("args must be a JSON object")
+    step = data.get("step_index")
+    if step is not None and (
+        not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= 0xFFFFFFFF
+    ):
+        raise InvalidRequest("step_index must be an unsigned 32-bit integer")
+    version = data.get("tool_version")
+    if version is not None and not isinstance(version, str):
+        raise InvalidRequest("tool_version must be a string")
+    mode = data.get("mode", "proxy")
+    if mode not in ("proxy", "sdk"):
+        raise InvalidRequest("mode must be 'proxy' or 'sdk'")
+    return data
+
+
+async def _timed(runtime: Runtime, method: str, call: Callable[[], Awaitable[T]]) -> T:
+    started = time.perf_counter()
+    try:
+        return await call()
+    except Exception:
+        runtime.metrics.engine_rpc_errors.labels(method).inc()
+        raise
+    finally:
+        runtime.metrics.engine_rpc_duration.labels(method).observe(time.perf_counter() - started)
+
+
+async def _with_retries(runtime: Runtime, method: str, call: Callable[[], Awaitable[T]]) -> T:
+    """Commit/Fail: retried with bounded exponential backoff on transient store errors."""
+    delay = runtime.commit_retry_backoff_ms / 1000
+    for attempt in range(1, runtime.commit_retry_attempts + 1):
+        try:
+            return await _timed(runtime, method, call)
+        except UndoLogError as exc:
+            if not exc.retryable or attempt == runtime.commit_retry_attempts:
+                raise
+        runtime.metrics.engine_rpc_retries.labels(method).inc()
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _step_header(decision: Decision) -> dict[str, str] | None:
+    if decision.step_index is None:
+        return None
+    return {"X-UndoLog-Step-Index": str(decision.step_index)}
+
+
+async def tool_call(request: Request) -> Response:
+    runtime: Runtime = request.app.state.runtime
+    request_id: str = request.state.request_id
+    org_id: str = request.state.org_id
+    try:
+        data = parse_tool_call(await request.body())
+    except InvalidRequest as exc:
+        return error_response(request_id, exc)
+    mode = request.headers.get(_MODE_HEADER) or data.get("mode", "proxy")
+    session_id: str = data["session_id"]
+    tool_name: str = data["tool_name"]
+    args = data["args"]
+    log = runtime.log.bind(request_id=request_id, org_id=org_id, session_id=session_id)
+
+    try:
+        decision = await _timed(
+            runtime,
+            "intercept",
+            lambda: runtime.engine.intercept(
+                org_id,
+                session_id,
+                tool_name,
+                args,
+                step_index=data.get("step_index"),
+                tool_version=data.get("tool_version"),
+                mode=mode,
+            ),
+        )
+    except _ENGINE_FAILURES as exc:
+        log.warning("intercept_failed", error=exc.message)
+        return error_response(request_id, InterceptFailed(exc.message))
+    except UndoLogError as exc:
+        return error_response(request_id, exc)
+
+    headers = _step_header(decision)
+    if decision.outcome is Outcome.REPLAY:
+        body = b'{"status":"replayed","effect_id":"%s","result":%s}' % (
+            decision.effect_id.encode(),
+            (decision.result_json or "null").encode(),
+        )
+        return Response(body, media_type=JSON_TYPE, headers=headers)
+    if decision.outcome is Outcome.AWAITING_APPROVAL:
+        return json_response(
+            {
+                "status": "pending_approval",
+                "approval_id": decision.approval_id,
+                "retry_after": runtime.retry_after_seconds,
+            },
+            202,
+            headers,
+        )
+    if mode == "sdk":
+        return json_response(
+            {
+                "status": "execute",
+                "effect_id": decision.effect_id,
+                "step_index": decision.step_index,
+                "attempt": decision.attempt,
+            },
+            200,
+            headers,
+        )
+    return await _execute_upstream(runtime, decision, args, session_id, request_id, log, headers)
+
+
+async def _execute_upstream(
+    runtime: Runtime,
+    decision: Decision,
+    args: Any,
+    session_id: str,
+    request_id: str,
+    log: Any,
+    headers: dict[str, str] | None,
+) -> Response:
+    org_id = decision.tool.org_id
+    effect_id = decision.effect_id
+    log = log.bind(effect_id=effect_id, tool_name=decision.tool.name)
+    started = time.perf_counter()
+    try:
+        result = await runtime.executor.call(
+            decision.tool.name,
+            args,
+            session_id=session_id,
+            effect_id=effect_id,
+            request_id=request_id,
+            upstream_url=decision.tool.upstream_url,
+        )
+    except ToolTransportError as exc:
+        runtime.metrics.executor_duration.labels("error").observe(time.perf_counter() - started)
+        message = str(exc)
+        log.warning("tool_error", error=message)
+        if decision.logged:
+            try:
+                await _with_retries(
+                    runtime, "fail", lambda: runtime.engine.fail(org_id, effect_id, message)
+                )
+            except UndoLogError as fail_exc:
+                log.error("fail_not_recorded", error=fail_exc.message)
+        return error_response(request_id, ToolError(message))
+    runtime.metrics.executor_duration.labels("success" if result.success else "failure").observe(
+        time.perf_counter() - started
+    )
+    result_json = result.to_json()
+    if decision.logged:
+        try:
+            await _with_retries(
+                runtime, "commit", lambda: runtime.engine.commit(org_id, effect_id, result_json)
+            )
+        except UndoLogError as exc:
+            log.error("commit_failed", error=exc.message)
+            return error_response(request_id, CommitFailed(exc.message))
+    body = b'{"status":"executed","effect_id":"%s","result":%s}' % (
+        effect_id.encode(),
+        result_json.encode(),
+    )
+    return Response(body, media_type=JSON_TYPE, headers=headers)

@@ -1,0 +1,150 @@
+"""A real proxy (uvicorn on a loopback port) in front of a real demo tool server, per test.
+
+`proxy` runs in a thread of the test process; `ProxyHarness.client()` gives an httpx client
+with the org's API key. For kill -9 tests, `spawn_proxy` starts `python -m undolog serve` as
+a child process on the same store.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.servers import ProcessServer, ThreadServer, free_port, undolog_command
+from undolog.config import OrgConfig, Settings, hash_api_key
+from undolog.demo.catalog import DEMO_TOOLS
+from undolog.demo.tools import create_demo_tools_app
+
+
+@dataclass
+class ProxyHarness:
+    url: str
+    upstream_url: str
+    database_url: str
+    org_id: str
+    api_key: str
+    settings: Settings
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def client(self, api_key: str | None = None, **kwargs: Any) -> httpx.Client:
+        headers = {"X-Api-Key": api_key or self.api_key}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30, **kwargs)
+
+    def async_client(self, api_key: str | None = None, **kwargs: Any) -> httpx.AsyncClient:
+        headers = {"X-Api-Key": api_key or self.api_key}
+        limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+        return httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=30, limits=limits, **kwargs
+        )
+
+    def upstream(self) -> httpx.Client:
+        return httpx.Client(base_url=self.upstream_url, timeout=30)
+
+    def counters(self, tool: str) -> dict[str, int]:
+        with self.upstream() as c:
+            data: dict[str, int] = c.get(f"/counters/{tool}").json()
+            return data
+
+    def register_demo_tools(self, org_api_key: str | None = None) -> None:
+        with self.client(org_api_key) as c:
+            for name, spec in DEMO_TOOLS.items():
+                c.put(f"/tools/{name}", json=spec).raise_for_status()
+
+
+def _new_org() -> tuple[str, str]:
+    return f"org-{secrets.token_hex(6)}", "ul_test_" + secrets.token_urlsafe(18)
+
+
+@pytest.fixture
+def demo_upstream() -> Iterator[ThreadServer]:
+    server = ThreadServer(create_demo_tools_app()).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def make_settings(
+    database_url: str, upstream_url: str, orgs: tuple[OrgConfig, ...], **overrides: Any
+) -> Settings:
+    values: dict[str, Any] = {
+        "database_url": database_url,
+        "upstream_url": upstream_url,
+        "upstream_timeout_seconds": 10.0,
+        "lease_seconds": 30.0,
+        "log_level": "warning",
+        "orgs": orgs,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture
+def proxy_factory(store_url: str, demo_upstream: ThreadServer) -> Iterator[Any]:
+    """Start proxies (in threads) on the parametrised store; each gets a fresh org and key."""
+    from undolog.proxy import create_app
+
+    started: list[ThreadServer] = []
+
+    def start(**overrides: Any) -> ProxyHarness:
+        org_id, key = _new_org()
+        orgs = (OrgConfig(org_id=org_id, api_key_hashes=(hash_api_key(key),)),)
+        settings = make_settings(store_url, demo_upstream.url, orgs, **overrides)
+        server = ThreadServer(create_app(settings)).start()
+        started.append(server)
+        harness = ProxyHarness(server.url, demo_upstream.url, store_url, org_id, key, settings)
+        harness.register_demo_tools()
+        return harness
+
+    try:
+        yield start
+    finally:
+        for server in reversed(started):
+            server.stop()
+
+
+@pytest.fixture
+def proxy(proxy_factory: Any) -> ProxyHarness:
+    harness: ProxyHarness = proxy_factory()
+    return harness
+
+
+def spawn_proxy(
+    database_url: str,
+    upstream_url: str,
+    config_path: Path,
+    *,
+    log_path: Path | None = None,
+    **env: str,
+) -> ProcessServer:
+    """`python -m undolog serve` as a child process (so a test can kill -9 it)."""
+    port = free_port()
+    server_env = {
+        "UNDOLOG_DATABASE_URL": database_url,
+        "UNDOLOG_UPSTREAM_URL": upstream_url,
+        "UNDOLOG_CONFIG": str(config_path),
+        "UNDOLOG_PORT": str(port),
+        "UNDOLOG_LOG_LEVEL": "warning",
+        **env,
+    }
+    return ProcessServer(
+        undolog_command("serve"),
+        env=server_env,
+        port=port,
+        log_path=str(log_path) if log_path else None,
+    ).start()
+
+
+def write_org_config(path: Path, org_id: str, api_key: str) -> Path:
+    """A TOML config declaring one org with one key (stored as its SHA-256)."""
+    path.write_text(
+        f'[[orgs]]\nid = "{org_id}"\napi_key_sha256 = ["{hash_api_key(api_key)}"]\n',
+        encoding="utf-8",
+    )
+    return path
