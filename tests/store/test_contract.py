@@ -666,16 +666,14 @@ async def test_a_postgres_connection_dropped_by_the_server_surfaces_as_database(
 ) -> None:
     pg = await open_store(pg_url)
     try:
-        async with pg.reader() as q:
-            pids = await q._fetch("SELECT pg_backend_pid()")
         with pytest.raises(Database):
             async with pg.reader() as q:
-                (pid,) = (await q._fetchrow("SELECT pg_backend_pid()")) or (None,)
-                async with pg.autocommit() as admin:
-                    await admin._fetch("SELECT pg_terminate_backend(?)", pid)
+                row = await q._fetchrow("SELECT pg_backend_pid()")
+                assert row is not None
+                async with pg.autocommit() as other:  # a second pooled connection
+                    await other._fetch("SELECT pg_terminate_backend(?)", row[0])
                 await q._fetch("SELECT 1")
         async with pg.reader() as q:  # the pool replaces the dead connection
             assert await q._fetchrow("SELECT 1") == (1,)
-        assert pids
     finally:
         await pg.close()

@@ -1,13 +1,23 @@
 """UndoLog agent SDK: exactly-once, undoable and approval-gated tool calls."""
 
+from undolog_sdk.client import InterceptResponse, ProxyError, UndoLogClient
+from undolog_sdk.decorators import AwaitingApprovalError, current_effect_id, undolog_tool
 from undolog_sdk.errors import UndoLogError
+from undolog_sdk.session import UndoLogSession
 from undolog_sdk.signature import call_signature, canonical_json
 from undolog_sdk.tier import CompensationDescriptor, ToolTier
 
 __all__ = [
+    "AwaitingApprovalError",
     "CompensationDescriptor",
+    "InterceptResponse",
+    "ProxyError",
     "ToolTier",
+    "UndoLogClient",
     "UndoLogError",
+    "UndoLogSession",
     "call_signature",
     "canonical_json",
+    "current_effect_id",
+    "undolog_tool",
 ]

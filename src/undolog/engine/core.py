@@ -187,13 +187,17 @@ class Engine:
         async with self.store.reader() as q:
             return await q.org_for_key_hash(key_hash)
 
-    async def _org(self, org_id: str) -> OrgRecord | None:
+    async def _org(self, q: Queries, org_id: str) -> OrgRecord | None:
+        """The org (cached briefly), read through `q`: the caller's own transaction.
+
+        Reading through a second connection while a transaction holds one would deadlock a
+        pool of one (or a pool exhausted by transactions that all wait for this read).
+        """
         now = self._clock()
         cached = self._orgs.get(org_id)
         if cached is not None and cached[0] > now:
             return cached[1]
-        async with self.store.reader() as q:
-            org = await q.get_org(org_id)
+        org = await q.get_org(org_id)
         self._orgs[org_id] = (now + self._tool_cache_us, org)
         return org
 
@@ -453,6 +457,8 @@ class Engine:
                 now_us=now,
                 idempotent_upstream=tool.idempotent_upstream,
             )
+            if existing is None and action is Action.SESSION_CLOSED:
+                return _Plan(error=SessionClosed(session_id, session.state))
             if action in (Action.EXECUTE_NEW, Action.AWAIT_NEW):
                 plan = await self._insert_new(
                     q, action, session, tool, args_json, step, signature, tool_version, mode, now
@@ -463,6 +469,8 @@ class Engine:
                 if existing is None:  # the UNIQUE constraint fired, yet no row: give up
                     raise DuplicateSignature(signature)
                 continue
+            if existing is None:  # only SESSION_CLOSED leaves decide() without a row
+                return _Plan(error=SessionClosed(session_id, session.state))
             return await self._apply_existing(q, action, tool, existing, approval, now)
         raise DuplicateSignature(signature)
 
@@ -532,7 +540,7 @@ class Engine:
             )
             decision = Decision(Outcome.EXECUTE, effect_id, step, signature, tool)
             return _Plan(decision=decision)
-        org = await self._org(org_id)
+        org = await self._org(q, org_id)
         timeout_s = org.approval_timeout_s if org else DEFAULT_APPROVAL_TIMEOUT_S
         approval = ApprovalRecord(
             approval_id=str(uuid.uuid4()),

@@ -153,6 +153,7 @@ async def tool_call(request: Request) -> Response:
             {
                 "status": "pending_approval",
                 "approval_id": decision.approval_id,
+                "effect_id": decision.effect_id,
                 "retry_after": runtime.retry_after_seconds,
             },
             202,

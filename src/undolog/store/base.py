@@ -227,7 +227,7 @@ class Queries(abc.ABC):
     ) -> None:
         await self._execute(
             "UPDATE sessions SET state = COALESCE(?, state), "
-            "last_step = CASE WHEN CAST(? AS INTEGER) > last_step THEN CAST(? AS INTEGER) "
+            "last_step = CASE WHEN CAST(? AS BIGINT) > last_step THEN CAST(? AS BIGINT) "
             "ELSE last_step END, updated_us = ? WHERE org_id = ? AND session_id = ?",
             state,
             last_step,

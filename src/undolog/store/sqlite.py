@@ -146,10 +146,15 @@ class SqliteStore(Store):
 
     async def schema_version(self) -> int:
         async with self.reader() as q:
-            try:
-                row = await q._fetchrow("SELECT MAX(version) FROM undolog_schema_version")
-            except Database:
+            # Inside `reader()` a failing statement raises sqlite3.Error (turned into Database
+            # only on the way out), so ask whether the table exists instead of catching.
+            exists = await q._fetchrow(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                "AND name = 'undolog_schema_version'"
+            )
+            if exists is None:
                 return 0
+            row = await q._fetchrow("SELECT MAX(version) FROM undolog_schema_version")
         return int(row[0]) if row and row[0] is not None else 0
 
     async def migrate(self) -> int:

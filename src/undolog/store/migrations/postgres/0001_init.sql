@@ -30,7 +30,7 @@ CREATE TABLE sessions (
     org_id     TEXT NOT NULL,
     session_id TEXT NOT NULL,
     state      TEXT NOT NULL,
-    last_step  INTEGER NOT NULL DEFAULT 0,
+    last_step  BIGINT NOT NULL DEFAULT 0,  -- step indexes are u32: INTEGER is too small
     created_us BIGINT NOT NULL,
     updated_us BIGINT NOT NULL,
     PRIMARY KEY (org_id, session_id)
@@ -41,7 +41,7 @@ CREATE TABLE effects (
     effect_id        TEXT PRIMARY KEY,
     org_id           TEXT NOT NULL,
     session_id       TEXT NOT NULL,
-    step_index       INTEGER NOT NULL,
+    step_index       BIGINT NOT NULL,     -- u32: INTEGER is too small
     tool_name        TEXT NOT NULL,
     tool_version     TEXT,
     tier             TEXT NOT NULL,

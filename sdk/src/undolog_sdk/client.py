@@ -1,0 +1,211 @@
+"""The agent's HTTP client to the UndoLog proxy: intercept, commit, fail.
+
+The SDK asks the proxy for a decision only (`"mode": "sdk"`): on Execute the agent runs the tool
+itself and reports the outcome with `commit` / `fail`, which — unlike the reference, where they
+were no-ops — are real calls, because otherwise a local execution would never be recorded.
+Error answers become `ProxyError`s: `httpx.HTTPStatusError` subclasses that are also the
+matching `UndoLogError` (so `except InProgress` and `except httpx.HTTPStatusError` both work).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from undolog_sdk import errors as _errors
+
+__all__ = ["InterceptResponse", "ProxyError", "UndoLogClient"]
+
+DEFAULT_PROXY_URL = "http://localhost:8080"
+DEFAULT_TIMEOUT = 30.0
+
+
+@dataclass
+class InterceptResponse:
+    """The engine's decision for one call.
+
+    | field           | Execute | Replay | AwaitingApproval |
+    |-----------------|---------|--------|------------------|
+    | `effect_id`     | ✓       | ✓      | ✓                |
+    | `approval_id`   |         |        | ✓                |
+    | `cached_result` |         | ✓      |                  |
+    """
+
+    outcome: str
+    effect_id: str | None = None
+    approval_id: str | None = None
+    cached_result: dict[str, Any] | None = None
+
+
+class ProxyError(httpx.HTTPStatusError):
+    """An error answer of the proxy, with the fields of its error body.
+
+    Each instance is also an instance of the `UndoLogError` subclass its `code` names
+    (`InProgress`, `ToolNotRegistered`, ...), so it can be caught either way.
+    """
+
+    code: str
+    message: str
+    request_id: str | None
+    retry_after: int | None
+    body: dict[str, Any]
+
+
+_TYPED: dict[type[_errors.UndoLogError], type[ProxyError]] = {}
+
+
+def _typed_class(base: type[_errors.UndoLogError]) -> type[ProxyError]:
+    cls = _TYPED.get(base)
+    if cls is None:
+        # The UndoLogError base first: its __init__ is never run (fields are set by hand), and
+        # httpx's __init__ chain then ends at Exception without passing through it.
+        cls = type(f"{base.__name__}ProxyError", (base, ProxyError), {"__module__": __name__})
+        _TYPED[base] = cls
+    return cls
+
+
+def _raise_for_error(response: httpx.Response) -> None:
+    """Turn a proxy error answer into a typed `ProxyError`."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        body = {}
+    code = str(body.get("code") or "http_error")
+    message = str(body.get("message") or response.text or f"HTTP {response.status_code}")
+    cls = _typed_class(_errors.error_class_for_code(code))
+    exc: ProxyError = cls.__new__(cls)
+    httpx.HTTPStatusError.__init__(exc, message, request=response.request, response=response)
+    exc.code = code
+    exc.message = message
+    exc.request_id = body.get("request_id") or response.headers.get("x-request-id")
+    retry_after = body.get("retry_after")
+    exc.retry_after = retry_after if isinstance(retry_after, int) else None
+    exc.body = body
+    # The structured fields of the matching UndoLogError (effect_id, approval_id, ...).
+    for name, value in body.items():
+        if name not in ("code", "message", "request_id", "timestamp", "retry_after"):
+            setattr(exc, name, value)
+    raise exc
+
+
+class UndoLogClient:
+    """Async HTTP client for the UndoLog proxy.
+
+    Args:
+        proxy_url: base URL of the proxy; falls back to `UNDOLOG_PROXY_URL`, then
+            `http://localhost:8080`.
+        http_client: a pre-configured `httpx.AsyncClient` (its base URL is used as is). If
+            omitted, one is created with `base_url=proxy_url` and `timeout=30.0`.
+        api_key: the org's API key, sent as `X-Api-Key`; falls back to `UNDOLOG_API_KEY`.
+    """
+
+    def __init__(
+        self,
+        proxy_url: str | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        *,
+        api_key: str | None = None,
+    ) -> None:
+        self.proxy_url = proxy_url or os.environ.get("UNDOLOG_PROXY_URL") or DEFAULT_PROXY_URL
+        self.api_key = api_key if api_key is not None else os.environ.get("UNDOLOG_API_KEY")
+        self._owns_client = http_client is None
+        self._http = http_client or httpx.AsyncClient(
+            base_url=self.proxy_url, timeout=DEFAULT_TIMEOUT
+        )
+        self._registered: set[tuple[str, str]] = set()
+
+    def _headers(self, org_id: str, session_id: str | None = None) -> dict[str, str]:
+        headers = {"X-UndoLog-Org-Id": org_id}
+        if session_id is not None:
+            headers["X-UndoLog-Session-Id"] = session_id
+        if self.api_key:
+            headers["X-Api-Key"] = self.api_key
+        return headers
+
+    async def _post(
+        self, path: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> httpx.Response:
+        response = await self._http.post(path, json=body, headers=headers)
+        if response.status_code >= 400:
+            _raise_for_error(response)
+        return response
+
+    async def intercept(
+        self,
+        org_id: str,
+        session_id: str,
+        tool_name: str,
+        step_index: int,
+        args: dict[str, Any],
+    ) -> InterceptResponse:
+        """Ask the engine what to do with one call (`POST /mcp/tool_call`, SDK mode).
+
+        Raises:
+            ProxyError (an httpx.HTTPStatusError): the proxy answered with an error.
+            httpx.RequestError: the proxy could not be reached.
+        """
+        body = {
+            "session_id": session_id,
+            "tool_name": tool_name,
+            "step_index": step_index,
+            "args": args,
+            "mode": "sdk",
+        }
+        response = await self._post("/mcp/tool_call", body, self._headers(org_id, session_id))
+        data = response.json()
+        status = data.get("status")
+        if status == "replayed":
+            return InterceptResponse("Replay", data.get("effect_id"), None, data.get("result"))
+        if status == "pending_approval":
+            return InterceptResponse(
+                "AwaitingApproval", data.get("effect_id"), data.get("approval_id"), None
+            )
+        if status == "execute":
+            return InterceptResponse("Execute", data.get("effect_id"))
+        if status == "executed":  # a SAFE tool run by the proxy: nothing to do locally
+            return InterceptResponse("Replay", data.get("effect_id"), None, data.get("result"))
+        raise _errors.Internal(f"unexpected intercept answer: {data!r}")
+
+    async def commit(
+        self, org_id: str, session_id: str, effect_id: str, result: dict[str, Any]
+    ) -> None:
+        """Record the result of a call the agent executed (`POST /effects/{id}/commit`)."""
+        await self._post(
+            f"/effects/{effect_id}/commit", {"result": result}, self._headers(org_id, session_id)
+        )
+
+    async def fail(self, org_id: str, session_id: str, effect_id: str, error: str) -> None:
+        """Record the failure of a call the agent executed (`POST /effects/{id}/fail`)."""
+        await self._post(
+            f"/effects/{effect_id}/fail", {"error": error}, self._headers(org_id, session_id)
+        )
+
+    async def register_tool(
+        self,
+        org_id: str,
+        tool_name: str,
+        tier: str,
+        compensation: dict[str, Any] | None = None,
+    ) -> None:
+        """Register a tool (`PUT /tools/{name}`); done once per client by `@undolog_tool`."""
+        if (org_id, tool_name) in self._registered:
+            return
+        body: dict[str, Any] = {"tier": tier}
+        if compensation is not None:
+            body["compensation"] = compensation
+        response = await self._http.put(
+            f"/tools/{tool_name}", json=body, headers=self._headers(org_id)
+        )
+        if response.status_code >= 400:
+            _raise_for_error(response)
+        self._registered.add((org_id, tool_name))
+
+    async def aclose(self) -> None:
+        """Close the underlying HTTP client (only if this client created it)."""
+        if self._owns_client:
+            await self._http.aclose()

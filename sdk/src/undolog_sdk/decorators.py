@@ -1,0 +1,177 @@
+"""`@undolog_tool`: exactly-once, undoable and approval-gated execution of a local async tool.
+
+SAFE tools run directly and never touch the proxy. COMPENSABLE and IRREVERSIBLE tools register
+themselves on first use, ask the proxy for a decision and branch on it: Execute runs the body
+and commits its result (or fails the effect and re-raises); Replay returns the recorded result
+without entering the body; AwaitingApproval raises `AwaitingApprovalError`. A call that does not
+complete (it awaits approval, a duplicate is in progress, the body raised) gives its step back,
+so retrying the same call in the same session maps to the same effect.
+
+Tool arguments and results travel as JSON: a tool may take and return dicts, lists, strings,
+numbers, booleans and None (tuples come back as lists on a replay).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar, cast
+
+from undolog_sdk.client import UndoLogClient
+from undolog_sdk.session import UndoLogSession
+from undolog_sdk.signature import canonical_json
+from undolog_sdk.tier import CompensationDescriptor, ToolTier
+
+__all__ = ["AwaitingApprovalError", "current_effect_id", "undolog_tool"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_current_effect: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "undolog_current_effect", default=None
+)
+_default_client: UndoLogClient | None = None
+
+
+def current_effect_id() -> str | None:
+    """The effect id of the tool call running in this task, or None outside one.
+
+    Use it as an idempotency key for the API the tool calls (a payment provider, say): it is
+    the same for every attempt of one call.
+    """
+    return _current_effect.get()
+
+
+class AwaitingApprovalError(RuntimeError):
+    """An IRREVERSIBLE call waits for a person to approve it; its body did not run.
+
+    Retry the same call (same session, same arguments) once it is approved.
+    """
+
+    def __init__(self, approval_id: str, tool_name: str = "", step_index: int = 0) -> None:
+        super().__init__(
+            f"tool '{tool_name}' (step {step_index}) awaits approval {approval_id}"
+        )
+        self.approval_id = approval_id
+        self.tool_name = tool_name
+        self.step_index = step_index
+
+
+def _get_default_client() -> UndoLogClient:
+    global _default_client
+    if _default_client is None:
+        _default_client = UndoLogClient()
+    return _default_client
+
+
+def undolog_tool(
+    tier: ToolTier,
+    compensation: CompensationDescriptor | None = None,
+    client: UndoLogClient | None = None,
+    session_param: str = "_session",
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """Wrap an async function with UndoLog interception.
+
+    Args:
+        tier: the tool's classification.
+        compensation: how to undo it; required for COMPENSABLE.
+        client: the client to use; by default a module-level one configured from the
+            environment (`UNDOLOG_PROXY_URL`, `UNDOLOG_API_KEY`).
+        session_param: the keyword argument that carries the `UndoLogSession` at call time.
+
+    Raises:
+        ValueError: at decoration, a COMPENSABLE tier without a compensation.
+        TypeError: at decoration, a function that is not `async def`.
+        RuntimeError: at call time, the session keyword argument is missing.
+        AwaitingApprovalError: at call time, the call waits for approval.
+    """
+    if not isinstance(tier, ToolTier):
+        raise ValueError(f"tier must be a ToolTier, got {tier!r}")
+    if tier.is_compensable and compensation is None:
+        raise ValueError("a COMPENSABLE tool needs a compensation descriptor")
+
+    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"@undolog_tool needs an async function, got {fn!r}")
+        name = fn.__name__
+        signature = inspect.signature(fn)
+        takes_session = session_param in signature.parameters
+
+        @functools.wraps(fn)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            session = kwargs.get(session_param)
+            if not takes_session:
+                kwargs.pop(session_param, None)
+            if tier.is_safe:
+                return await fn(*args, **kwargs)
+            if not isinstance(session, UndoLogSession):
+                raise RuntimeError(
+                    f"tool '{name}' needs an UndoLogSession in its '{session_param}' "
+                    "keyword argument"
+                )
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            call_args = {k: v for k, v in bound.arguments.items() if k != session_param}
+            canonical_json(call_args)  # refuse non-JSON arguments before anything is recorded
+            return cast(R, await _intercepted(fn, name, session, call_args, args, kwargs))
+
+        async def _intercepted(
+            fn_: Callable[..., Awaitable[Any]],
+            name_: str,
+            session: UndoLogSession,
+            call_args: dict[str, Any],
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
+        ) -> Any:
+            c = client or _get_default_client()
+            await c.register_tool(
+                session.org_id,
+                name_,
+                tier.value,
+                compensation.to_dict() if compensation is not None else None,
+            )
+            step = session.next_step()
+            try:
+                decision = await c.intercept(
+                    session.org_id, session.session_id, name_, step, call_args
+                )
+            except BaseException:
+                session._give_back_step(step)
+                raise
+            if decision.outcome == "Replay":
+                return decision.cached_result
+            if decision.outcome == "AwaitingApproval":
+                session._give_back_step(step)
+                raise AwaitingApprovalError(decision.approval_id or "", name_, step)
+            effect_id = decision.effect_id or ""
+            token = _current_effect.set(effect_id)
+            try:
+                result = await fn_(*args, **kwargs)
+            except BaseException as exc:
+                session._give_back_step(step)
+                try:
+                    await c.fail(session.org_id, session.session_id, effect_id, _describe(exc))
+                except Exception as fail_exc:  # keep the tool's own error as the one raised
+                    exc.add_note(f"UndoLog could not record this failure: {fail_exc!r}")
+                raise
+            finally:
+                _current_effect.reset(token)
+            try:
+                canonical_json(result)
+            except ValueError as exc:
+                message = f"tool '{name_}' returned a value that is not JSON: {exc}"
+                await c.fail(session.org_id, session.session_id, effect_id, message)
+                raise TypeError(message) from None
+            await c.commit(session.org_id, session.session_id, effect_id, result)
+            return result
+
+        return wrapper
+
+    return decorate
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
