@@ -34,19 +34,25 @@ def serve(
     database_url: str = typer.Option(
         None,
         help="sqlite:///path.db or postgresql://... "
-        "[env UNDOLOG_DATABASE_URL; default sqlite:///./undolog.db]",
+        "(env UNDOLOG_DATABASE_URL; default sqlite:///./undolog.db)",
     ),
-    host: str = typer.Option(None, help="Address to bind [env UNDOLOG_HOST; default 127.0.0.1]"),
-    port: int = typer.Option(None, help="Port [env UNDOLOG_PORT; default 8080]"),
-    upstream_url: str = typer.Option(None, help="Tool server base URL [env UNDOLOG_UPSTREAM_URL]"),
+    host: str = typer.Option(None, help="Address to bind (env UNDOLOG_HOST; default 127.0.0.1)"),
+    port: int = typer.Option(None, help="Port (env UNDOLOG_PORT; default 8080)"),
+    upstream_url: str = typer.Option(None, help="Tool server base URL (env UNDOLOG_UPSTREAM_URL)"),
     upstream_timeout_seconds: float = typer.Option(None, help="Upstream call timeout"),
     lease_seconds: float = typer.Option(None, help="Execution lease before a call is in doubt"),
     lock_max_attempts: int = typer.Option(None, help="Advisory lock attempts (PostgreSQL)"),
     lock_retry_ms: int = typer.Option(None, help="Delay between advisory lock attempts"),
     max_body_bytes: int = typer.Option(None, help="Largest request body accepted"),
     retry_after_seconds: int = typer.Option(None, help="retry_after hint for waiting calls"),
+    commit_retry_attempts: int = typer.Option(
+        None, help="Attempts of Commit/Fail on transient store errors"
+    ),
+    commit_retry_backoff_ms: int = typer.Option(
+        None, help="First backoff between Commit/Fail attempts (doubles)"
+    ),
     log_level: str = typer.Option(None, help="debug, info, warning, error"),
-    config: str = typer.Option(None, help="TOML config file [env UNDOLOG_CONFIG]"),
+    config: str = typer.Option(None, help="TOML config file (env UNDOLOG_CONFIG)"),
     demo: bool = typer.Option(False, help="Also run the demo tool server and a demo org"),
     demo_tools_port: int = typer.Option(DEMO_TOOLS_PORT, help="Port of the demo tool server"),
 ) -> None:
@@ -115,7 +121,7 @@ async def _seed_demo(settings: Settings) -> None:
 
 @app.command()
 def migrate(
-    database_url: str = typer.Option(None, help="[env UNDOLOG_DATABASE_URL]"),
+    database_url: str = typer.Option(None, help="(env UNDOLOG_DATABASE_URL)"),
     config: str = typer.Option(None, help="TOML config file"),
 ) -> None:
     """Create or upgrade the schema."""

@@ -12,7 +12,7 @@ import hashlib
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,32 +98,91 @@ SCALAR_FIELDS = tuple(
 )
 
 
+_TOP_LEVEL_KEYS = frozenset({"server", "orgs", "tools"})
+_ORG_KEYS = frozenset(
+    {
+        "id",
+        "name",
+        "api_keys",
+        "api_key_sha256",
+        "approval_timeout_seconds",
+        "auto_approve_on_timeout",
+    }
+)
+_TOOL_KEYS = frozenset(
+    {"org", "name", "tier", "version", "compensation", "idempotent_upstream", "upstream_url"}
+)
+_TIERS = ("safe", "compensable", "irreversible")
+_DATABASE_SCHEMES = ("sqlite", "postgres", "postgresql")
+_SHA256_HEX = frozenset("0123456789abcdef")
+
+
 def _coerce(name: str, raw: Any) -> Any:
     kind = {f.name: f.type for f in dataclasses.fields(Settings)}[name]
-    try:
-        if kind == "int":
-            return int(raw)
-        if kind == "float":
-            return float(raw)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"setting {name!r}: expected a number, got {raw!r}") from exc
+    if kind in ("int", "float"):
+        # TOML hands over typed values: `port = true` or `port = 80.5` are mistakes, not 1 and 80.
+        if isinstance(raw, bool) or (kind == "int" and isinstance(raw, float)):
+            raise ValueError(f"setting {name!r}: expected a number, got {raw!r}")
+        try:
+            return int(raw) if kind == "int" else float(raw)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"setting {name!r}: expected a number, got {raw!r}") from exc
     return None if raw is None else str(raw)
+
+
+def _tables(data: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    items = data.get(key, [])
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise ValueError(f"'{key}' must be an array of tables ([[{key}]])")
+    return items
+
+
+def _checked(where: str, item: Mapping[str, Any], allowed: frozenset[str], *required: str) -> None:
+    unknown = set(item) - allowed
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+    missing = [k for k in required if not isinstance(item.get(k), str) or not item[k]]
+    if missing:
+        raise ValueError(f"{where}: {', '.join(missing)} must be a non-empty string")
+
+
+def _typed(where: str, value: Any, kind: type) -> Any:
+    # bool is an int in Python; neither stands in for the other here.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"{where}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def _key_list(where: str, value: Any) -> list[str]:
+    # A bare string would be iterated character by character: one-letter API keys.
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"{where}: expected a list of non-empty strings")
+    return value
 
 
 def _orgs_from_toml(data: Mapping[str, Any]) -> tuple[OrgConfig, ...]:
     orgs = []
-    for item in data.get("orgs", []):
-        hashes = [str(h).lower() for h in item.get("api_key_sha256", [])]
-        hashes += [hash_api_key(str(k)) for k in item.get("api_keys", [])]
+    for n, item in enumerate(_tables(data, "orgs")):
+        where = f"orgs[{n}]"
+        _checked(where, item, _ORG_KEYS, "id")
+        sha256 = _key_list(f"{where}.api_key_sha256", item.get("api_key_sha256", []))
+        plain = _key_list(f"{where}.api_keys", item.get("api_keys", []))
+        hashes = [h.lower() for h in sha256]
+        if any(len(h) != 64 or not set(h) <= _SHA256_HEX for h in hashes):
+            raise ValueError(f"{where}.api_key_sha256: expected 64 hex digits per key")
+        hashes += [hash_api_key(k) for k in plain]  # the plain keys are not kept
+        timeout = item.get("approval_timeout_seconds", DEFAULT_APPROVAL_TIMEOUT_SECONDS)
         orgs.append(
             OrgConfig(
-                org_id=str(item["id"]),
+                org_id=item["id"],
                 name=str(item.get("name", item["id"])),
                 api_key_hashes=tuple(hashes),
-                approval_timeout_seconds=int(
-                    item.get("approval_timeout_seconds", DEFAULT_APPROVAL_TIMEOUT_SECONDS)
+                approval_timeout_seconds=_typed(f"{where}.approval_timeout_seconds", timeout, int),
+                auto_approve_on_timeout=_typed(
+                    f"{where}.auto_approve_on_timeout",
+                    item.get("auto_approve_on_timeout", False),
+                    bool,
                 ),
-                auto_approve_on_timeout=bool(item.get("auto_approve_on_timeout", False)),
             )
         )
     return tuple(orgs)
@@ -131,16 +190,30 @@ def _orgs_from_toml(data: Mapping[str, Any]) -> tuple[OrgConfig, ...]:
 
 def _tools_from_toml(data: Mapping[str, Any]) -> tuple[ToolConfig, ...]:
     tools = []
-    for item in data.get("tools", []):
+    for n, item in enumerate(_tables(data, "tools")):
+        where = f"tools[{n}]"
+        _checked(where, item, _TOOL_KEYS, "org", "name", "tier")
+        if item["tier"] not in _TIERS:
+            raise ValueError(f"{where}.tier: expected one of {', '.join(_TIERS)}")
+        compensation = item.get("compensation")
+        if compensation is not None:
+            _typed(f"{where}.compensation", compensation, dict)
+        if item["tier"] == "compensable" and compensation is None:
+            raise ValueError(f"{where}: a compensable tool needs a compensation")
+        upstream_url = item.get("upstream_url")
+        if upstream_url is not None:
+            _typed(f"{where}.upstream_url", upstream_url, str)
         tools.append(
             ToolConfig(
-                org_id=str(item["org"]),
-                name=str(item["name"]),
-                tier=str(item["tier"]),
-                version=str(item.get("version", "1.0.0")),
-                compensation=item.get("compensation"),
-                idempotent_upstream=bool(item.get("idempotent_upstream", False)),
-                upstream_url=item.get("upstream_url"),
+                org_id=item["org"],
+                name=item["name"],
+                tier=item["tier"],
+                version=_typed(f"{where}.version", item.get("version", "1.0.0"), str),
+                compensation=compensation,
+                idempotent_upstream=_typed(
+                    f"{where}.idempotent_upstream", item.get("idempotent_upstream", False), bool
+                ),
+                upstream_url=upstream_url,
             )
         )
     return tuple(tools)
@@ -165,14 +238,23 @@ def load_settings(
     if config_path:
         try:
             data = tomllib.loads(Path(config_path).read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ValueError(f"cannot read config file {config_path}: {exc}") from exc
-        for key, raw in data.get("server", {}).items():
-            if key not in SCALAR_FIELDS:
-                raise ValueError(f"config file {config_path}: unknown setting [server].{key}")
-            values[key] = _coerce(key, raw)
-        orgs = _orgs_from_toml(data)
-        tools = _tools_from_toml(data)
+        try:
+            unknown = set(data) - _TOP_LEVEL_KEYS
+            if unknown:
+                raise ValueError(f"unknown tables or keys {sorted(unknown)}")
+            server = data.get("server", {})
+            if not isinstance(server, dict):
+                raise ValueError("[server] must be a table")
+            for key, raw in server.items():
+                if key not in SCALAR_FIELDS:
+                    raise ValueError(f"unknown setting [server].{key}")
+                values[key] = _coerce(key, raw)
+            orgs = _orgs_from_toml(data)
+            tools = _tools_from_toml(data)
+        except ValueError as exc:
+            raise ValueError(f"config file {config_path}: {exc}") from None
         values["config"] = str(config_path)
     for name in SCALAR_FIELDS:
         raw_env = env.get(f"UNDOLOG_{name.upper()}")
@@ -181,4 +263,11 @@ def load_settings(
     for name, raw in flags.items():
         if name in SCALAR_FIELDS:
             values[name] = _coerce(name, raw)
-    return Settings(**values, orgs=orgs, tools=tools)
+    settings = Settings(**values, orgs=orgs, tools=tools)
+    scheme = settings.database_url.partition("://")[0].lower()
+    if scheme not in _DATABASE_SCHEMES or "://" not in settings.database_url:
+        # Only the scheme is echoed: the rest of the URL may hold a password.
+        raise ValueError(
+            f"unsupported database URL scheme {scheme!r}: use sqlite:///path.db or postgresql://..."
+        )
+    return settings

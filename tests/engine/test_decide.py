@@ -120,7 +120,9 @@ def test_a_call_awaiting_a_decision_keeps_awaiting(approval: ApprovalStatus | No
     assert run(existing, tier=ToolTier.IRREVERSIBLE, approval=approval) is Action.AWAITING
 
 
-@pytest.mark.parametrize("approval", [ApprovalStatus.APPROVED, ApprovalStatus.AUTO_APPROVED], ids=str)
+@pytest.mark.parametrize(
+    "approval", [ApprovalStatus.APPROVED, ApprovalStatus.AUTO_APPROVED], ids=str
+)
 def test_an_approved_call_executes(approval: ApprovalStatus) -> None:
     existing = effect(EffectState.AWAITING_APPROVAL)
     assert run(existing, tier=ToolTier.IRREVERSIBLE, approval=approval) is Action.EXECUTE_APPROVED

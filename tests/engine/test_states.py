@@ -110,7 +110,10 @@ def test_committing_an_effect_that_is_not_executing_raises_not_executing(
 def test_the_refusals_carry_the_reference_messages() -> None:
     with pytest.raises(InvalidStateTransition) as invalid:
         check_effect_transition("e-42", "committed", "executing")
-    assert str(invalid.value) == "Effect 'e-42' is in state 'committed', cannot transition to 'executing'"
+    assert (
+        str(invalid.value)
+        == "Effect 'e-42' is in state 'committed', cannot transition to 'executing'"
+    )
     with pytest.raises(NotExecuting) as not_executing:
         check_effect_transition("e-42", "failed", "committed")
     assert str(not_executing.value) == "Cannot commit effect 'e-42': not in 'executing' state"

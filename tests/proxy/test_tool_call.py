@@ -14,6 +14,7 @@ import httpx
 
 from tests.proxy.conftest import ProxyHarness
 from tests.support.servers import free_port
+from undolog.demo.catalog import DEMO_TOOLS
 
 TOOL_CALL = "/mcp/tool_call"
 
@@ -155,12 +156,18 @@ def test_insufficient_funds_is_a_logical_failure_that_replays(proxy: ProxyHarnes
 # --- transport failures ------------------------------------------------------------------
 
 
+def point_tool_at(c: httpx.Client, tool: str, upstream_url: str | None) -> None:
+    """Re-register a demo tool with its own upstream (None: back to the proxy's default)."""
+    spec = {**DEMO_TOOLS[tool], "upstream_url": upstream_url}
+    c.put(f"/tools/{tool}", json=spec).raise_for_status()
+
+
 def test_an_unreachable_upstream_is_a_tool_error_and_a_retry_is_a_new_attempt(
-    proxy_factory: Any,
+    proxy: ProxyHarness,
 ) -> None:
-    proxy: ProxyHarness = proxy_factory(upstream_url=closed_port_url())
     session = new_session()
     with proxy.client() as c:
+        point_tool_at(c, "send_email", closed_port_url())
         first = call(c, session, "send_email", EMAIL, step=1)
         assert first.status_code == 502
         assert first.json()["code"] == "tool_error"
@@ -174,26 +181,28 @@ def test_an_unreachable_upstream_is_a_tool_error_and_a_retry_is_a_new_attempt(
         assert retry.status_code == 502
         assert retry.json()["code"] == "tool_error"
         again = c.get(f"/effects/{effect['effect_id']}").json()
+        undo_stack = c.get(f"/sessions/{session}").json()["undo_stack"]
     assert again["state"] == "failed"
     assert again["attempts"] == 2
+    # A new attempt of the same effect pushes no second compensation.
+    assert [u["effect_id"] for u in undo_stack] == [effect["effect_id"]]
 
 
 def test_a_failed_call_retried_against_a_healthy_upstream_commits_on_the_same_effect(
-    proxy_factory: Any, store_url: str
+    proxy: ProxyHarness,
 ) -> None:
-    down: ProxyHarness = proxy_factory(upstream_url=closed_port_url())
-    up: ProxyHarness = proxy_factory()
     session = new_session()
-    with down.client() as c:
+    with proxy.client() as c:
+        point_tool_at(c, "send_email", closed_port_url())
         assert call(c, session, "send_email", EMAIL, step=1).status_code == 502
-    # Same store, so the healthy proxy sees the failed effect when it has the same org key.
-    with up.client(api_key=down.api_key) as c:
+        point_tool_at(c, "send_email", None)
         retry = call(c, session, "send_email", EMAIL, step=1)
         assert retry.status_code == 200, retry.text
         effect = c.get(f"/effects/{retry.json()['effect_id']}").json()
+    assert retry.json()["status"] == "executed"
     assert effect["state"] == "committed"
     assert effect["attempts"] == 2
-    assert up.counters("send_email") == {retry.json()["effect_id"]: 1}
+    assert proxy.counters("send_email") == {retry.json()["effect_id"]: 1}
 
 
 def test_a_non_tool_result_error_body_is_a_tool_error(proxy: ProxyHarness) -> None:
@@ -266,9 +275,7 @@ def test_an_unregistered_tool_is_404_with_the_reference_message(proxy: ProxyHarn
     assert response.status_code == 404
     body = response.json()
     assert body["code"] == "tool_not_registered"
-    assert body["message"] == (
-        f"Tool 'delete_invoice' is not registered for org '{proxy.org_id}'"
-    )
+    assert body["message"] == (f"Tool 'delete_invoice' is not registered for org '{proxy.org_id}'")
 
 
 # --- steps -------------------------------------------------------------------------------
@@ -354,6 +361,17 @@ def test_an_sdk_fail_makes_the_retry_a_second_attempt(proxy: ProxyHarness) -> No
     assert retry.json()["status"] == "execute"
     assert retry.json()["effect_id"] == effect_id
     assert retry.json()["attempt"] == 2
+
+
+def test_an_sdk_failure_message_with_a_nul_character_is_still_recorded(
+    proxy: ProxyHarness,
+) -> None:
+    with proxy.client() as c:
+        effect_id = sdk_call(c, new_session(), EMAIL).json()["effect_id"]
+        failed = c.post(f"/effects/{effect_id}/fail", json={"error": "bad\x00byte"})
+    assert failed.status_code == 200, failed.text
+    assert failed.json()["state"] == "failed"
+    assert failed.json()["error"].startswith("bad")
 
 
 def test_committing_an_effect_twice_is_409_not_executing(proxy: ProxyHarness) -> None:

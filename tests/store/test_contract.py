@@ -6,14 +6,18 @@ isolate from each other by fresh org ids (the PostgreSQL database is shared by t
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from undolog.store import (
     ApprovalRecord,
     EffectRecord,
+    OrgRecord,
     Store,
     ToolRecord,
     UndoEntryRecord,
@@ -36,43 +40,38 @@ def new_signature() -> str:
     return uuid.uuid4().hex + uuid.uuid4().hex
 
 
-def make_effect(
-    org_id: str,
-    *,
-    session_id: str | None = None,
-    signature: str | None = None,
-    step: int = 1,
-    tool: str = "send_email",
-    args_json: str = '{"to":"a@example.com"}',
-    state: str = "executing",
-    created_us: int = NOW,
-) -> EffectRecord:
-    return EffectRecord(
-        effect_id=str(uuid.uuid4()),
-        org_id=org_id,
-        session_id=session_id or new_session(),
-        step_index=step,
-        tool_name=tool,
-        tool_version="1.0.0",
-        tier="compensable",
-        call_signature=signature or new_signature(),
-        args_json=args_json,
-        state=state,
-        mode="proxy",
-        attempts=1,
-        result_json=None,
-        error=None,
-        lease_expires_us=created_us + 60_000_000,
-        executed_us=created_us + 1,
-        finished_us=None,
-        created_us=created_us,
-        updated_us=created_us,
-    )
+EFFECT = EffectRecord(
+    effect_id="",
+    org_id="",
+    session_id="",
+    step_index=1,
+    tool_name="send_email",
+    tool_version="1.0.0",
+    tier="compensable",
+    call_signature="",
+    args_json='{"to":"a@example.com"}',
+    state="executing",
+    mode="proxy",
+    attempts=1,
+    result_json=None,
+    error=None,
+    lease_expires_us=NOW + 60_000_000,
+    executed_us=NOW + 1,
+    finished_us=None,
+    created_us=NOW,
+    updated_us=NOW,
+)
 
 
-def make_undo(effect: EffectRecord, *, registered_us: int = NOW) -> UndoEntryRecord:
+def make_effect(org_id: str, **changes: Any) -> EffectRecord:
+    """An effect with fresh ids (its own session and signature unless given)."""
+    fresh = {"session_id": new_session(), "call_signature": new_signature()}
+    return replace(EFFECT, effect_id=str(uuid.uuid4()), org_id=org_id, **(fresh | changes))
+
+
+def make_undo(effect: EffectRecord) -> UndoEntryRecord:
     return UndoEntryRecord(
-        seq=0,
+        seq=0,  # assigned by the store
         entry_id=str(uuid.uuid4()),
         org_id=effect.org_id,
         session_id=effect.session_id,
@@ -82,44 +81,35 @@ def make_undo(effect: EffectRecord, *, registered_us: int = NOW) -> UndoEntryRec
         args_json='{"to":"a@example.com"}',
         max_retries=3,
         retry_backoff_ms=1000,
-        registered_us=registered_us,
+        registered_us=NOW,
         state="pending",
         attempts=0,
         last_error=None,
-        updated_us=registered_us,
+        updated_us=NOW,
     )
 
 
-def make_approval(
-    effect: EffectRecord, *, created_us: int = NOW, status: str = "pending"
-) -> ApprovalRecord:
-    return ApprovalRecord(
+def make_approval(effect: EffectRecord, *, created_us: int = NOW, **changes: Any) -> ApprovalRecord:
+    approval = ApprovalRecord(
         approval_id=str(uuid.uuid4()),
         org_id=effect.org_id,
         effect_id=effect.effect_id,
         session_id=effect.session_id,
         tool_name=effect.tool_name,
         args_json=effect.args_json,
-        status=status,
+        status="pending",
         created_us=created_us,
         timeout_us=created_us + 3_600_000_000,
         decided_us=None,
         decided_by=None,
         reason=None,
     )
+    return replace(approval, **changes)
 
 
 def make_tool(org_id: str, name: str, *, tier: str = "compensable") -> ToolRecord:
-    return ToolRecord(
-        org_id=org_id,
-        name=name,
-        tier=tier,
-        version="1.0.0",
-        compensation_json='{"fn_name":"undo"}' if tier == "compensable" else None,
-        idempotent_upstream=False,
-        upstream_url=None,
-        updated_us=NOW,
-    )
+    compensation = '{"fn_name":"undo"}' if tier == "compensable" else None
+    return ToolRecord(org_id, name, tier, "1.0.0", compensation, False, None, NOW)
 
 
 async def add_org(store: Store, org_id: str, *, timeout_s: int = 3600) -> None:
@@ -154,29 +144,21 @@ async def test_a_fresh_sqlite_file_has_schema_version_0_until_migrated(tmp_path:
 # -- orgs and keys ----------------------------------------------------------------------------
 
 
-async def test_an_api_key_hash_maps_to_its_org_and_an_unknown_hash_to_none(store: Store) -> None:
+async def test_an_api_key_hash_maps_to_its_first_org_and_an_unknown_hash_to_none(
+    store: Store,
+) -> None:
     org_a, org_b = new_org(), new_org()
     key_a, key_b = uuid.uuid4().hex * 2, uuid.uuid4().hex * 2
     for org, key in ((org_a, key_a), (org_b, key_b)):
         await add_org(store, org)
         async with store.transaction() as q:
             await q.add_api_key(key, org, "ci", NOW)
+    async with store.transaction() as q:
+        await q.add_api_key(key_a, org_b, None, NOW)  # a key already stored keeps its org
     async with store.reader() as q:
         assert await q.org_for_key_hash(key_a) == org_a
         assert await q.org_for_key_hash(key_b) == org_b
         assert await q.org_for_key_hash(uuid.uuid4().hex * 2) is None
-
-
-async def test_a_key_already_stored_keeps_its_org(store: Store) -> None:
-    org_a, org_b = new_org(), new_org()
-    key = uuid.uuid4().hex * 2
-    await add_org(store, org_a)
-    await add_org(store, org_b)
-    async with store.transaction() as q:
-        await q.add_api_key(key, org_a, None, NOW)
-        await q.add_api_key(key, org_b, None, NOW)
-    async with store.reader() as q:
-        assert await q.org_for_key_hash(key) == org_a
 
 
 async def test_upsert_org_stores_then_replaces_the_approval_policy(store: Store) -> None:
@@ -187,13 +169,7 @@ async def test_upsert_org_stores_then_replaces_the_approval_policy(store: Store)
     async with store.reader() as q:
         record = await q.get_org(org)
         assert await q.get_org(new_org()) is None
-    assert record is not None
-    assert (record.name, record.approval_timeout_s, record.auto_approve_on_timeout) == (
-        "renamed",
-        30,
-        True,
-    )
-    assert record.created_us == NOW  # an update keeps the creation time
+    assert record == OrgRecord(org, "renamed", 30, True, NOW)  # created_us is kept
 
 
 # -- tools ----------------------------------------------------------------------------------
@@ -251,7 +227,7 @@ async def test_update_session_sets_the_state_and_never_lowers_last_step(store: S
 async def test_step_indexes_up_to_u32_max_are_stored(store: Store) -> None:
     org, session = new_org(), new_session()
     top = 0xFFFFFFFF
-    effect = make_effect(org, session_id=session, step=top)
+    effect = make_effect(org, session_id=session, step_index=top)
     async with store.transaction() as q:
         await q.touch_session(org, session, top - 1, NOW)
         await q.update_session(org, session, NOW, last_step=top)
@@ -278,7 +254,7 @@ async def test_an_effect_is_stored_and_read_back_by_id_and_by_signature(store: S
 async def test_a_second_insert_of_a_signature_in_the_same_org_is_refused(store: Store) -> None:
     org = new_org()
     first = make_effect(org)
-    second = make_effect(org, signature=first.call_signature, session_id=first.session_id)
+    second = make_effect(org, call_signature=first.call_signature, session_id=first.session_id)
     async with store.transaction() as q:
         assert await q.insert_effect(first) is True
         assert await q.insert_effect(second) is False
@@ -289,7 +265,7 @@ async def test_a_second_insert_of_a_signature_in_the_same_org_is_refused(store: 
 
 async def test_the_same_signature_in_another_org_is_a_separate_effect(store: Store) -> None:
     first = make_effect(new_org())
-    other = make_effect(new_org(), signature=first.call_signature)
+    other = make_effect(new_org(), call_signature=first.call_signature)
     async with store.transaction() as q:
         assert await q.insert_effect(first)
         assert await q.insert_effect(other)
@@ -321,12 +297,12 @@ async def test_update_effect_with_expect_state_changes_nothing_when_the_state_di
         changed = await q.get_effect(org, effect.effect_id)
     assert (missed, unchanged) == (False, effect)
     assert hit is True
-    assert changed is not None
-    assert (changed.state, changed.result_json, changed.lease_expires_us, changed.finished_us) == (
-        "committed",
-        '{"ok":true}',
-        None,
-        NOW + 9,
+    assert changed == replace(
+        effect,
+        state="committed",
+        result_json='{"ok":true}',
+        lease_expires_us=None,
+        finished_us=NOW + 9,
     )
 
 
@@ -345,13 +321,16 @@ async def test_find_unfinished_call_returns_the_latest_matching_effect_in_the_gi
     store: Store,
 ) -> None:
     org, session = new_org(), new_session()
-    args = '{"to":"a@example.com"}'
-    older = make_effect(org, session_id=session, step=1, args_json=args)
-    latest = make_effect(org, session_id=session, step=2, args_json=args, state="awaiting_approval")
-    committed = make_effect(org, session_id=session, step=3, args_json=args, state="committed")
-    other_args = make_effect(org, session_id=session, step=4, args_json='{"to":"b@example.com"}')
-    other_tool = make_effect(org, session_id=session, step=5, args_json=args, tool="create_record")
-    other_session = make_effect(org, step=6, args_json=args)
+    args = EFFECT.args_json
+
+    def call(step: int, **changes: Any) -> EffectRecord:
+        return make_effect(org, session_id=session, step_index=step, **changes)
+
+    older, latest = call(1), call(2, state="awaiting_approval")
+    committed = call(3, state="committed")
+    other_args = call(4, args_json='{"to":"b@example.com"}')
+    other_tool = call(5, tool_name="create_record")
+    other_session = make_effect(org, step_index=6)
     async with store.transaction() as q:
         for effect in (older, latest, committed, other_args, other_tool, other_session):
             assert await q.insert_effect(effect)
@@ -369,11 +348,11 @@ async def test_find_unfinished_call_returns_the_latest_matching_effect_in_the_gi
 
 async def test_list_effects_returns_a_sessions_effects_in_step_order(store: Store) -> None:
     org, session = new_org(), new_session()
-    effects = [make_effect(org, session_id=session, step=s) for s in (3, 1, 2)]
+    effects = [make_effect(org, session_id=session, step_index=s) for s in (3, 1, 2)]
     async with store.transaction() as q:
         for effect in effects:
             await q.insert_effect(effect)
-        await q.insert_effect(make_effect(org, step=1))
+        await q.insert_effect(make_effect(org, step_index=1))
     async with store.reader() as q:
         listed = await q.list_effects(org, session)
     assert [e.step_index for e in listed] == [1, 2, 3]
@@ -384,7 +363,7 @@ async def test_list_effects_returns_a_sessions_effects_in_step_order(store: Stor
 
 async def test_undo_entries_get_increasing_seq_and_list_newest_first(store: Store) -> None:
     org, session = new_org(), new_session()
-    effects = [make_effect(org, session_id=session, step=s) for s in (1, 2, 3)]
+    effects = [make_effect(org, session_id=session, step_index=s) for s in (1, 2, 3)]
     seqs = []
     async with store.transaction() as q:
         for effect in effects:
@@ -422,9 +401,11 @@ async def test_update_undo_entry_with_expect_state_changes_nothing_when_the_stat
 # -- approvals ------------------------------------------------------------------------------
 
 
-async def test_approvals_are_listed_by_status_newest_first(store: Store) -> None:
-    org = new_org()
-    effects = [make_effect(org, state="awaiting_approval") for _ in range(4)]
+async def test_approvals_are_listed_by_status_newest_first_and_per_session_oldest_first(
+    store: Store,
+) -> None:
+    org, session = new_org(), new_session()
+    effects = [make_effect(org, session_id=session, step_index=n) for n in range(4)]
     approvals = [
         make_approval(effects[0], created_us=NOW + 1),
         make_approval(effects[1], created_us=NOW + 3),
@@ -441,10 +422,12 @@ async def test_approvals_are_listed_by_status_newest_first(store: Store) -> None
         newest = await q.list_approvals(org, limit=1)
         by_id = await q.get_approval(org, approvals[1].approval_id)
         by_effect = await q.get_approval_for_effect(org, effects[2].effect_id)
+        of_session = await q.list_session_approvals(org, session)
     assert [a.approval_id for a in pending] == [approvals[i].approval_id for i in (3, 1, 0)]
     assert [a.approval_id for a in every] == [approvals[i].approval_id for i in (3, 1, 2, 0)]
     assert newest == [approvals[3]]
     assert (by_id, by_effect) == (approvals[1], approvals[2])
+    assert of_session == [approvals[i] for i in (0, 2, 1, 3)]
 
 
 async def test_update_approval_with_expect_status_decides_only_once(store: Store) -> None:
@@ -454,7 +437,12 @@ async def test_update_approval_with_expect_status_decides_only_once(store: Store
     async with store.transaction() as q:
         await q.insert_effect(effect)
         await q.insert_approval(approval)
-    decide = {"status": "approved", "decided_us": NOW + 1, "decided_by": "ana", "reason": "ok"}
+    decide: dict[str, Any] = {
+        "status": "approved",
+        "decided_us": NOW + 1,
+        "decided_by": "ana",
+        "reason": "ok",
+    }
     async with store.transaction() as q:
         first = await q.update_approval(
             org, approval.approval_id, expect_status="pending", **decide
@@ -465,26 +453,7 @@ async def test_update_approval_with_expect_status_decides_only_once(store: Store
     async with store.reader() as q:
         stored = await q.get_approval(org, approval.approval_id)
     assert (first, second) == (True, False)
-    assert stored is not None
-    assert (stored.status, stored.decided_us, stored.decided_by, stored.reason) == (
-        "approved",
-        NOW + 1,
-        "ana",
-        "ok",
-    )
-
-
-async def test_list_session_approvals_returns_oldest_first(store: Store) -> None:
-    org, session = new_org(), new_session()
-    effects = [make_effect(org, session_id=session, step=s) for s in (1, 2)]
-    approvals = [make_approval(effects[0], created_us=NOW + 5), make_approval(effects[1])]
-    async with store.transaction() as q:
-        for effect, approval in zip(effects, approvals, strict=True):
-            await q.insert_effect(effect)
-            await q.insert_approval(approval)
-    async with store.reader() as q:
-        listed = await q.list_session_approvals(org, session)
-    assert listed == [approvals[1], approvals[0]]
+    assert stored == replace(approval, **decide)
 
 
 # -- events ---------------------------------------------------------------------------------
@@ -502,14 +471,12 @@ async def insert_events(store: Store, org_id: str, count: int, session_id: str |
     return ids
 
 
-async def test_events_get_increasing_ids(store: Store) -> None:
-    ids = await insert_events(store, new_org(), 5, None)
-    assert ids == sorted(ids) and len(set(ids)) == 5
-
-
-async def test_list_events_after_an_id_resumes_without_gaps_or_duplicates(store: Store) -> None:
+async def test_events_get_increasing_ids_and_resume_after_an_id_without_gaps_or_duplicates(
+    store: Store,
+) -> None:
     org = new_org()
     ids = await insert_events(store, org, 10, new_session())
+    assert ids == sorted(ids) and len(set(ids)) == 10
     seen: list[int] = []
     last = 0
     async with store.reader() as q:
@@ -582,12 +549,8 @@ async def test_reads_never_cross_orgs(store: Store) -> None:
         assert await q.get_effect(intruder, eid) is None
         assert await q.get_effect_by_signature(intruder, effect.call_signature) is None
         assert await q.list_effects(intruder, sid) == []
-        assert (
-            await q.find_unfinished_call(
-                intruder, sid, effect.tool_name, effect.args_json, ["executing"]
-            )
-            is None
-        )
+        unfinished = ["executing"]
+        assert not await q.find_unfinished_call(intruder, sid, "send_email", "{}", unfinished)
         assert await q.get_undo_entry(intruder, entry.entry_id) is None
         assert await q.list_undo_entries(intruder, sid) == []
         assert await q.get_approval(intruder, approval.approval_id) is None
@@ -661,19 +624,41 @@ async def test_an_unsupported_url_scheme_raises_value_error() -> None:
         await open_store("mysql://localhost/undolog")
 
 
-async def test_a_postgres_connection_dropped_by_the_server_surfaces_as_database(
-    pg_url: str,
+# -- SQLite: a database another process holds or broke ------------------------------------------
+
+
+async def test_sqlite_busy_beyond_the_busy_timeout_surfaces_as_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pg = await open_store(pg_url)
+    monkeypatch.setattr("undolog.store.sqlite.BUSY_TIMEOUT_MS", 20)
+    path = tmp_path / "busy.db"
+    sqlite_store = await open_store(f"sqlite:///{path}")
+    other_process = sqlite3.connect(path, isolation_level=None)
+    try:
+        other_process.execute("BEGIN IMMEDIATE")  # holds the write lock
+        with pytest.raises(Database):
+            await sqlite_store.migrate()
+        with pytest.raises(Database):
+            async with sqlite_store.transaction() as q:
+                await q.get_org(new_org())
+        other_process.execute("ROLLBACK")
+        assert await sqlite_store.migrate() == 1  # and it recovers once the lock is gone
+    finally:
+        other_process.close()
+        await sqlite_store.close()
+
+
+async def test_a_sqlite_migration_that_cannot_apply_surfaces_as_database_and_applies_nothing(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "clash.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE events (x INTEGER)")  # clashes with the schema
+    conn.close()
+    clashing = await open_store(f"sqlite:///{path}")
     try:
         with pytest.raises(Database):
-            async with pg.reader() as q:
-                row = await q._fetchrow("SELECT pg_backend_pid()")
-                assert row is not None
-                async with pg.autocommit() as other:  # a second pooled connection
-                    await other._fetch("SELECT pg_terminate_backend(?)", row[0])
-                await q._fetch("SELECT 1")
-        async with pg.reader() as q:  # the pool replaces the dead connection
-            assert await q._fetchrow("SELECT 1") == (1,)
+            await clashing.migrate()
+        assert await clashing.schema_version() == 0
     finally:
-        await pg.close()
+        await clashing.close()

@@ -120,8 +120,14 @@ class ProcessServer:
 
     def start(self, timeout: float = 30.0) -> ProcessServer:
         env = {**os.environ, **self.env}
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(self.args, env=env, stdout=log, stderr=log)
+        if self.log_path:
+            # The child gets its own copy of the descriptor; ours is closed at once.
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(self.args, env=env, stdout=log, stderr=log)
+        else:
+            self.proc = subprocess.Popen(
+                self.args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -32,12 +32,17 @@ class InterceptResponse:
     | `effect_id`     | ✓       | ✓      | ✓                |
     | `approval_id`   |         |        | ✓                |
     | `cached_result` |         | ✓      |                  |
+    | `retry_after`   |         |        | ✓                |
+
+    `retry_after` (seconds) is not in the reference: it is the proxy's hint for when to ask
+    again about a call that awaits approval.
     """
 
     outcome: str
     effect_id: str | None = None
     approval_id: str | None = None
     cached_result: dict[str, Any] | None = None
+    retry_after: int | None = None
 
 
 class ProxyError(httpx.HTTPStatusError):
@@ -162,8 +167,13 @@ class UndoLogClient:
         if status == "replayed":
             return InterceptResponse("Replay", data.get("effect_id"), None, data.get("result"))
         if status == "pending_approval":
+            retry_after = data.get("retry_after")
             return InterceptResponse(
-                "AwaitingApproval", data.get("effect_id"), data.get("approval_id"), None
+                "AwaitingApproval",
+                data.get("effect_id"),
+                data.get("approval_id"),
+                None,
+                retry_after if isinstance(retry_after, int) else None,
             )
         if status == "execute":
             return InterceptResponse("Execute", data.get("effect_id"))

@@ -1,11 +1,12 @@
 """`@undolog_tool`: exactly-once, undoable and approval-gated execution of a local async tool.
 
-SAFE tools run directly and never touch the proxy. COMPENSABLE and IRREVERSIBLE tools register
-themselves on first use, ask the proxy for a decision and branch on it: Execute runs the body
-and commits its result (or fails the effect and re-raises); Replay returns the recorded result
-without entering the body; AwaitingApproval raises `AwaitingApprovalError`. A call that does not
-complete (it awaits approval, a duplicate is in progress, the body raised) gives its step back,
-so retrying the same call in the same session maps to the same effect.
+SAFE tools run directly and never touch the proxy. COMPENSABLE and IRREVERSIBLE calls take the
+session's next step (before their first await, so calls started together keep their order), sign
+the call, register the tool on first use, ask the proxy for a decision and branch on it: Execute
+runs the body and commits its result (or fails the effect and re-raises); Replay returns the
+recorded result without entering the body; AwaitingApproval raises `AwaitingApprovalError`. A
+call that does not complete (it awaits approval, a duplicate is in progress, the body raised)
+gives its step back, so retrying the same call in the same session maps to the same effect.
 
 Tool arguments and results travel as JSON: a tool may take and return dicts, lists, strings,
 numbers, booleans and None (tuples come back as lists on a replay).
@@ -16,17 +17,16 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
-from collections.abc import Awaitable, Callable
-from typing import Any, ParamSpec, TypeVar, cast
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar, cast
 
 from undolog_sdk.client import UndoLogClient
 from undolog_sdk.session import UndoLogSession
-from undolog_sdk.signature import canonical_json
+from undolog_sdk.signature import call_signature, canonical_json
 from undolog_sdk.tier import CompensationDescriptor, ToolTier
 
 __all__ = ["AwaitingApprovalError", "current_effect_id", "undolog_tool"]
 
-P = ParamSpec("P")
 R = TypeVar("R")
 
 _current_effect: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -47,13 +47,15 @@ def current_effect_id() -> str | None:
 class AwaitingApprovalError(RuntimeError):
     """An IRREVERSIBLE call waits for a person to approve it; its body did not run.
 
-    Retry the same call (same session, same arguments) once it is approved.
+    Retry the same call (same session, same arguments) once it is approved. Besides the
+    reference's fields, `retry_after` carries the proxy's hint (seconds) for when to ask again
+    (None when the error was not raised by `@undolog_tool`).
     """
 
+    retry_after: int | None = None
+
     def __init__(self, approval_id: str, tool_name: str = "", step_index: int = 0) -> None:
-        super().__init__(
-            f"tool '{tool_name}' (step {step_index}) awaits approval {approval_id}"
-        )
+        super().__init__(f"tool '{tool_name}' (step {step_index}) awaits approval {approval_id}")
         self.approval_id = approval_id
         self.tool_name = tool_name
         self.step_index = step_index
@@ -71,7 +73,7 @@ def undolog_tool(
     compensation: CompensationDescriptor | None = None,
     client: UndoLogClient | None = None,
     session_param: str = "_session",
-) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+) -> Callable[[Callable[..., Awaitable[R]]], Callable[..., Coroutine[Any, Any, R]]]:
     """Wrap an async function with UndoLog interception.
 
     Args:
@@ -92,7 +94,9 @@ def undolog_tool(
     if tier.is_compensable and compensation is None:
         raise ValueError("a COMPENSABLE tool needs a compensation descriptor")
 
-    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    # The wrapper is typed `Callable[..., ...]`: it also takes the session keyword, which a
+    # ParamSpec cannot add to the wrapped function's parameters (Concatenate is positional).
+    def decorate(fn: Callable[..., Awaitable[R]]) -> Callable[..., Coroutine[Any, Any, R]]:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"@undolog_tool needs an async function, got {fn!r}")
         name = fn.__name__
@@ -100,7 +104,7 @@ def undolog_tool(
         takes_session = session_param in signature.parameters
 
         @functools.wraps(fn)
-        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        async def wrapper(*args: Any, **kwargs: Any) -> R:
             session = kwargs.get(session_param)
             if not takes_session:
                 kwargs.pop(session_param, None)
@@ -114,7 +118,6 @@ def undolog_tool(
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             call_args = {k: v for k, v in bound.arguments.items() if k != session_param}
-            canonical_json(call_args)  # refuse non-JSON arguments before anything is recorded
             return cast(R, await _intercepted(fn, name, session, call_args, args, kwargs))
 
         async def _intercepted(
@@ -126,14 +129,20 @@ def undolog_tool(
             kwargs: dict[str, Any],
         ) -> Any:
             c = client or _get_default_client()
-            await c.register_tool(
-                session.org_id,
-                name_,
-                tier.value,
-                compensation.to_dict() if compensation is not None else None,
-            )
+            # The step is taken before the first await, so calls started together (gather)
+            # get their steps in the order they were started, on every run of the agent.
             step = session.next_step()
             try:
+                # The reference's flow signs the call first: a session id that is not a UUID,
+                # or arguments that are not JSON, fail here (ValueError), before anything is
+                # recorded. The proxy computes the same signature from the same inputs.
+                call_signature(session.session_id, step, name_, call_args)
+                await c.register_tool(
+                    session.org_id,
+                    name_,
+                    tier.value,
+                    compensation.to_dict() if compensation is not None else None,
+                )
                 decision = await c.intercept(
                     session.org_id, session.session_id, name_, step, call_args
                 )
@@ -144,7 +153,9 @@ def undolog_tool(
                 return decision.cached_result
             if decision.outcome == "AwaitingApproval":
                 session._give_back_step(step)
-                raise AwaitingApprovalError(decision.approval_id or "", name_, step)
+                waiting = AwaitingApprovalError(decision.approval_id or "", name_, step)
+                waiting.retry_after = decision.retry_after
+                raise waiting
             effect_id = decision.effect_id or ""
             token = _current_effect.set(effect_id)
             try:
@@ -161,6 +172,7 @@ def undolog_tool(
             try:
                 canonical_json(result)
             except ValueError as exc:
+                session._give_back_step(step)  # like any failure: a retry is the same call
                 message = f"tool '{name_}' returned a value that is not JSON: {exc}"
                 await c.fail(session.org_id, session.session_id, effect_id, message)
                 raise TypeError(message) from None

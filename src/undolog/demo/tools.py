@@ -53,7 +53,10 @@ class TransportFault(Exception):
 class DemoToolState:
     """Everything the demo tools remember, in memory. Tests may read it in process.
 
-    `counters[tool][idempotency_key]` is how many times that key ran that tool; `calls` is every
+    `counters[tool][idempotency_key]` is how many times that key called that tool, and
+    `executions[tool][idempotency_key]` how many times the tool then really ran to success:
+    the tools in `IDEMPOTENT_TOOLS` honour the key (a repeated key gets the first answer back,
+    waiting for it if it is still running), the others run on every call. `calls` is every
     call in arrival order (the most recent `CALL_LOG_LIMIT`). `attempts` counts the injected
     failures of `flaky` and of compensations called with `fail_times`.
     """
@@ -72,6 +75,9 @@ class DemoToolState:
         self.counters: dict[str, dict[str, int]] = {}
         self.calls: deque[dict[str, Any]] = deque(maxlen=CALL_LOG_LIMIT)
         self.attempts: dict[tuple[str, str], int] = {}
+        self.executions: dict[str, dict[str, int]] = {}
+        self.completed: dict[tuple[str, str], Any] = {}
+        self.inflight: dict[tuple[str, str], asyncio.Future[Any]] = {}
         self._seq = 0
         self._ids: dict[str, int] = {}
 
@@ -347,6 +353,41 @@ TOOLS: dict[str, ToolHandler] = {
 }
 """Every demo tool by name. Each takes (state, args, idempotency key) and returns the output."""
 
+IDEMPOTENT_TOOLS = frozenset({"undo_send_email", "reverse_transfer", "delete_record", "echo"})
+"""Tools that honour the Idempotency-Key, as an upstream that makes re-execution harmless does.
+The forward tools do not, so a test can see it when UndoLog runs one twice."""
+
+
+async def _run_tool(state: DemoToolState, name: str, args: Args, key: str) -> Any:
+    """Run a tool, deduplicating by key for `IDEMPOTENT_TOOLS`; count successful runs."""
+    handler = TOOLS[name]
+    dedupe = name in IDEMPOTENT_TOOLS and key != NO_IDEMPOTENCY_KEY
+    slot = (name, key)
+    if dedupe:
+        if slot in state.completed:
+            return state.completed[slot]
+        running = state.inflight.get(slot)
+        if running is not None:
+            return await asyncio.shield(running)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        state.inflight[slot] = future
+    try:
+        output = await handler(state, args, key)
+    except BaseException as exc:
+        if dedupe:
+            state.inflight.pop(slot, None)
+            if not future.done():
+                future.set_exception(exc)
+                future.exception()  # retrieved: a waiter-less failure is not an error
+        raise
+    per_key = state.executions.setdefault(name, {})
+    per_key[key] = per_key.get(key, 0) + 1
+    if dedupe:
+        state.completed[slot] = output
+        state.inflight.pop(slot, None)
+        future.set_result(output)
+    return output
+
 
 # --- HTTP -------------------------------------------------------------------------------------
 
@@ -379,8 +420,7 @@ async def call_tool(request: Request) -> Response:
     the tool runs, whether it then succeeds or fails.
     """
     name: str = request.path_params["name"]
-    handler = TOOLS.get(name)
-    if handler is None:
+    if name not in TOOLS:
         return _tool_result(404, error=f"unknown tool '{name}'")
     try:
         body = orjson.loads(await request.body())
@@ -407,7 +447,7 @@ async def call_tool(request: Request) -> Response:
         effect_id=effect_id,
     )
     try:
-        output = await handler(state, args, key)
+        output = await _run_tool(state, name, args, key)
     except ToolFailure as failure:
         return _tool_result(failure.status, error=failure.error)
     except TransportFault as fault:
@@ -425,6 +465,10 @@ async def counters(request: Request) -> Response:
 
 async def tool_counters(request: Request) -> Response:
     return _json(_state(request).counters.get(request.path_params["tool"], {}))
+
+
+async def executions(request: Request) -> Response:
+    return _json(_state(request).executions.get(request.path_params["tool"], {}))
 
 
 async def calls(request: Request) -> Response:
@@ -463,7 +507,7 @@ def create_demo_tools_app(state: DemoToolState | None = None) -> Starlette:
 
     Returns:
         The Starlette app: `POST /tools/{name}` plus the inspection and control routes
-        (`/health`, `/counters`, `/counters/{tool}`, `/calls`, `/state`, `PUT /balances/{account}`,
+        (`/health`, `/counters`, `/counters/{tool}`, `/executions/{tool}`, `/calls`, `/state`, `PUT /balances/{account}`,
         `POST /reset`).
     """
     app = Starlette(
@@ -472,6 +516,7 @@ def create_demo_tools_app(state: DemoToolState | None = None) -> Starlette:
             Route("/health", health, methods=["GET"]),
             Route("/counters", counters, methods=["GET"]),
             Route("/counters/{tool}", tool_counters, methods=["GET"]),
+            Route("/executions/{tool}", executions, methods=["GET"]),
             Route("/calls", calls, methods=["GET"]),
             Route("/state", state_snapshot, methods=["GET"]),
             Route("/balances/{account}", set_balance, methods=["PUT"]),

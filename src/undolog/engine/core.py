@@ -457,8 +457,6 @@ class Engine:
                 now_us=now,
                 idempotent_upstream=tool.idempotent_upstream,
             )
-            if existing is None and action is Action.SESSION_CLOSED:
-                return _Plan(error=SessionClosed(session_id, session.state))
             if action in (Action.EXECUTE_NEW, Action.AWAIT_NEW):
                 plan = await self._insert_new(
                     q, action, session, tool, args_json, step, signature, tool_version, mode, now

@@ -74,19 +74,16 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-async def _send_json(send: Send, status: int, body: Any, request_id: str) -> None:
+async def _send_json(send: Send, status: int, body: Any, request_id: str | None = None) -> None:
+    """A JSON response; `request_id` adds the header (None: `send` adds it itself)."""
     payload = orjson.dumps(body)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(payload)).encode()),
-                (b"x-request-id", request_id.encode()),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+    ]
+    if request_id is not None:
+        headers.append((b"x-request-id", request_id.encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
 
 
@@ -151,12 +148,8 @@ class Edge:
             if not path.startswith(PUBLIC_PREFIXES):
                 scope["state"]["org_id"] = await self._authenticate(scope)
         except UndoLogError as exc:
-            await _send_json(
-                send,
-                exc.http_status,
-                error_body(request_id, exc.code, exc.message),
-                request_id,
-            )
+            # `send` is the wrapper that adds the X-Request-Id header: not a second one here.
+            await _send_json(send, exc.http_status, error_body(request_id, exc.code, exc.message))
             return
         await self.app(scope, receive, send)
 

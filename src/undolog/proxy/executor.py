@@ -6,7 +6,6 @@ under concurrency (DESIGN.md, measured facts), and this client is on the hot pat
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,8 +77,9 @@ class ToolExecutor:
         effect_id: str,
         request_id: str,
         upstream_url: str | None = None,
+        idempotency_key: str | None = None,
     ) -> ToolResult:
-        """POST the call upstream; the effect id is the `Idempotency-Key`.
+        """POST the call upstream; the `Idempotency-Key` is the effect id unless given.
 
         Raises:
             ToolTransportError: refused connection, timeout, or a body that is no ToolResult.
@@ -90,7 +90,7 @@ class ToolExecutor:
         body = orjson.dumps({"args": args, "session_id": session_id, "effect_id": effect_id})
         headers = {
             "Content-Type": "application/json",
-            "Idempotency-Key": effect_id,
+            "Idempotency-Key": idempotency_key or effect_id,
             "X-Request-Id": request_id,
         }
         try:
@@ -99,7 +99,7 @@ class ToolExecutor:
             ) as response:
                 raw = await response.read()
                 status = response.status
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ToolTransportError(
                 f"upstream timed out after {self.timeout.total}s calling '{tool_name}'"
             ) from None

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from undolog.proxy.wire import (
+    JSONDecodeError,
     approval_json,
     effect_json,
     error_response,
     json_response,
+    loads_exact,
     session_json,
     tool_json,
     undo_entry_json,
@@ -40,12 +41,20 @@ async def _json_object(request: Request, *, optional: bool = False) -> dict[str,
             return {}
         raise InvalidRequest("a JSON object body is required")
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
+        data = loads_exact(body)
+    except JSONDecodeError as exc:
         raise InvalidRequest(f"invalid JSON body: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidRequest("the body must be a JSON object")
     return data
+
+
+def _storable(text: str) -> str:
+    """An error message as every store can hold it (PostgreSQL text refuses NUL).
+
+    Replaced rather than refused: refusing would leave a failed run unrecorded.
+    """
+    return text.replace("\x00", "\ufffd")
 
 
 def _result_json(value: Any) -> str:
@@ -74,6 +83,9 @@ _TOOL_BODY = {
 }
 
 
+_URL_SCHEMES = ("http://", "https://")
+
+
 @router.put("/tools/{name}", openapi_extra={"requestBody": _TOOL_BODY})
 async def put_tool(name: str, request: Request) -> Response:
     """Register or replace a tool of the caller's org."""
@@ -87,14 +99,28 @@ async def put_tool(name: str, request: Request) -> Response:
         compensation = data.get("compensation")
         if compensation is not None and not isinstance(compensation, dict):
             raise InvalidRequest("compensation must be an object")
+        # Checked, not coerced: str(None) would be version "None", bool("false") True.
+        tier, version = data.get("tier", ""), data.get("version", "1.0.0")
+        if not isinstance(tier, str) or not isinstance(version, str):
+            raise InvalidRequest("tier and version must be strings")
+        if "\x00" in name or "\x00" in version:  # PostgreSQL text cannot hold NUL
+            raise InvalidRequest("tool name and version must not contain NUL characters")
+        idempotent = data.get("idempotent_upstream", False)
+        if not isinstance(idempotent, bool):
+            raise InvalidRequest("idempotent_upstream must be a boolean")
+        upstream_url = data.get("upstream_url")
+        if upstream_url is not None and (
+            not isinstance(upstream_url, str) or not upstream_url.startswith(_URL_SCHEMES)
+        ):
+            raise InvalidRequest("upstream_url must be an http:// or https:// URL")
         tool = await runtime.engine.register_tool(
             request.state.org_id,
             name,
-            tier=str(data.get("tier", "")),
-            version=str(data.get("version", "1.0.0")),
+            tier=tier,
+            version=version,
             compensation=compensation,
-            idempotent_upstream=bool(data.get("idempotent_upstream", False)),
-            upstream_url=data.get("upstream_url"),
+            idempotent_upstream=idempotent,
+            upstream_url=upstream_url,
         )
     except UndoLogError as exc:
         return error_response(request.state.request_id, exc)
@@ -108,7 +134,7 @@ async def list_tools(request: Request) -> Response:
 
 
 @router.post("/effects/{id}/commit")
-async def commit_effect(id: str, request: Request) -> Response:  # noqa: A002 - reference name
+async def commit_effect(id: str, request: Request) -> Response:
     """Record the result of an SDK-executed call: body `{"result": ...}`."""
     runtime = _runtime(request)
     try:
@@ -122,7 +148,7 @@ async def commit_effect(id: str, request: Request) -> Response:  # noqa: A002 - 
 
 
 @router.post("/effects/{id}/fail")
-async def fail_effect(id: str, request: Request) -> Response:  # noqa: A002
+async def fail_effect(id: str, request: Request) -> Response:
     """Record the failure of an SDK-executed call: body `{"error": "..."}`."""
     runtime = _runtime(request)
     try:
@@ -130,14 +156,14 @@ async def fail_effect(id: str, request: Request) -> Response:  # noqa: A002
         error = data.get("error")
         if not isinstance(error, str):
             raise InvalidRequest("error must be a string")
-        effect = await runtime.engine.fail(request.state.org_id, id, error)
+        effect = await runtime.engine.fail(request.state.org_id, id, _storable(error))
     except UndoLogError as exc:
         return error_response(request.state.request_id, exc)
     return json_response(effect_json(effect))
 
 
 @router.post("/effects/{id}/resolve")
-async def resolve_effect(id: str, request: Request) -> Response:  # noqa: A002
+async def resolve_effect(id: str, request: Request) -> Response:
     """Settle an `in_doubt` effect: `{"outcome": "committed", "result": ...}` or
     `{"outcome": "failed", "error": "..."}`."""
     runtime = _runtime(request)
@@ -151,7 +177,11 @@ async def resolve_effect(id: str, request: Request) -> Response:  # noqa: A002
         if error is not None and not isinstance(error, str):
             raise InvalidRequest("error must be a string")
         effect = await runtime.engine.resolve(
-            request.state.org_id, id, outcome=outcome, result_json=result, error=error
+            request.state.org_id,
+            id,
+            outcome=outcome,
+            result_json=result,
+            error=None if error is None else _storable(error),
         )
     except UndoLogError as exc:
         return error_response(request.state.request_id, exc)
@@ -159,7 +189,7 @@ async def resolve_effect(id: str, request: Request) -> Response:  # noqa: A002
 
 
 @router.get("/effects/{id}")
-async def get_effect(id: str, request: Request) -> Response:  # noqa: A002
+async def get_effect(id: str, request: Request) -> Response:
     try:
         effect = await _runtime(request).engine.get_effect(request.state.org_id, id)
     except UndoLogError as exc:
@@ -175,7 +205,7 @@ async def list_sessions(request: Request, limit: int = 100) -> Response:
 
 
 @router.get("/sessions/{id}")
-async def get_session(id: str, request: Request) -> Response:  # noqa: A002
+async def get_session(id: str, request: Request) -> Response:
     """A session with its effects in step order, its undo stack (top first), its approvals."""
     try:
         view = await _runtime(request).engine.session_view(request.state.org_id, id)

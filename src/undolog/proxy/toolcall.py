@@ -11,13 +11,18 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from undolog.engine import Decision, Outcome
 from undolog.proxy.executor import ToolTransportError
-from undolog.proxy.wire import JSON_TYPE, error_response, json_response
+from undolog.proxy.wire import (
+    JSON_TYPE,
+    JSONDecodeError,
+    error_response,
+    json_response,
+    loads_exact,
+)
 from undolog_sdk.errors import (
     AdvisoryLockTimeout,
     CommitFailed,
@@ -46,8 +51,8 @@ _MODE_HEADER = "x-undolog-mode"
 def parse_tool_call(body: bytes) -> dict[str, Any]:
     """Validate a tool-call body. Raises `InvalidRequest` with what is wrong."""
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
+        data = loads_exact(body)
+    except JSONDecodeError as exc:
         raise InvalidRequest(f"invalid JSON body: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidRequest("the body must be a JSON object")
@@ -57,6 +62,8 @@ def parse_tool_call(body: bytes) -> dict[str, Any]:
     tool_name = data.get("tool_name")
     if not isinstance(tool_name, str) or not tool_name:
         raise InvalidRequest("missing tool_name")
+    if "\x00" in tool_name:  # PostgreSQL text cannot hold it: a 502 instead of a 400
+        raise InvalidRequest("tool_name must not contain NUL characters")
     if "args" not in data:
         raise InvalidRequest("missing args")
     if not isinstance(data["args"], dict):
@@ -67,8 +74,8 @@ def parse_tool_call(body: bytes) -> dict[str, Any]:
     ):
         raise InvalidRequest("step_index must be an unsigned 32-bit integer")
     version = data.get("tool_version")
-    if version is not None and not isinstance(version, str):
-        raise InvalidRequest("tool_version must be a string")
+    if version is not None and (not isinstance(version, str) or "\x00" in version):
+        raise InvalidRequest("tool_version must be a string without NUL characters")
     mode = data.get("mode", "proxy")
     if mode not in ("proxy", "sdk"):
         raise InvalidRequest("mode must be 'proxy' or 'sdk'")

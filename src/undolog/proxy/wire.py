@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+import re
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -18,18 +21,54 @@ from undolog.store.records import (
 from undolog_sdk.errors import UndoLogError
 
 __all__ = [
+    "JSONDecodeError",
     "approval_json",
     "effect_json",
     "error_body",
     "error_response",
     "iso",
     "json_response",
+    "loads_exact",
     "session_json",
     "tool_json",
     "undo_entry_json",
 ]
 
 JSON_TYPE = "application/json"
+
+# The shortest integer literal that can fall outside [-2**63, 2**64 - 1] has 19 digits.
+_LONG_DIGIT_RUN = re.compile(rb"[0-9]{19}")
+
+
+class JSONDecodeError(ValueError):
+    """A request body that is not valid JSON."""
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def loads_exact(body: bytes) -> Any:
+    """Parse a request body, keeping integers exact.
+
+    orjson silently turns an integer beyond 64 bits into a float, which would make an
+    uncanonicalizable argument (DESIGN.md: integers outside [-2^63, 2^64-1]) look valid.
+    A body with a run of 19+ digits is therefore parsed again by the standard library,
+    whose integers are exact, so canonicalisation can refuse them. The fast path stays orjson.
+
+    Raises:
+        JSONDecodeError: the body is not valid JSON.
+    """
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise JSONDecodeError(str(exc)) from None
+    if _LONG_DIGIT_RUN.search(body) is None:
+        return data
+    try:
+        return json.loads(body, parse_constant=_no_constants)
+    except ValueError as exc:
+        raise JSONDecodeError(str(exc)) from None
 
 
 def iso(us: int | None) -> str | None:
@@ -44,7 +83,9 @@ def now_iso() -> str:
     return dt.datetime.now(tz=dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+def json_response(
+    data: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type=JSON_TYPE, headers=headers)
 
 

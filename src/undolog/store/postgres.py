@@ -40,7 +40,14 @@ def advisory_key(signature: str) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
+# InternalClientError (neither of the other two): e.g. a query on a connection the server
+# has just terminated can fail with it instead of ConnectionDoesNotExistError.
+_DRIVER_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+)
 
 
 class _PostgresQueries(Queries):

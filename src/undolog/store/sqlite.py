@@ -14,7 +14,7 @@ import re
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +183,9 @@ class SqliteStore(Store):
                     current = version
                 await conn.execute("COMMIT")
             except sqlite3.Error as exc:
-                await conn.execute("ROLLBACK")
+                # No transaction to roll back when BEGIN itself failed (busy).
+                with suppress(sqlite3.Error):
+                    await conn.execute("ROLLBACK")
                 raise Database(f"migration failed: {exc}") from exc
         return current
 

@@ -1,0 +1,711 @@
+"""UndoLog benchmark: a direct call to the demo `echo` tool vs the same call through UndoLog.
+
+Three processes, so no two of them share an event loop: the demo tool server (the upstream),
+the proxy (`undolog serve`), and this script, the load generator (aiohttp with a keep-alive
+pool, uvloop when installed; not httpx's pooled AsyncClient, see DESIGN.md). For each store
+(SQLite in a fresh temp file, PostgreSQL in a fresh database dropped at the end) and for 1 and
+32 concurrent callers it measures three scenarios, interleaved round by round so that drift on
+a shared machine hits all of them alike:
+
+- `direct`: POST /tools/echo on the upstream;
+- `new`: POST /mcp/tool_call through UndoLog, a new call (each caller has its own session
+  and takes the next step every call), so intercept + upstream + commit;
+- `replay`: the same body as an already committed call, answered from the effect log.
+
+Besides latency and throughput it records, per scenario, the CPU each process burns per call
+(from /proc) and the proxy's own histograms (deltas of /metrics around each measured chunk),
+which is where the time goes. Run `.venv/bin/python bench/run.py [--quick]`; see README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import orjson
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "latest.json"
+SCENARIOS = ("direct", "new", "replay")
+API_KEY = "ul_bench_" + uuid.uuid4().hex
+ORG = "bench"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+DEFAULT_PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+# Targets from the issue (point 9, "Where to aim").
+TARGET_ADDED_P50_MS = 2.0
+TARGET_NEW_PER_S = 1000.0
+TARGET_REPLAY_FACTOR = 2.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much to measure: `rounds` interleaved rounds of `calls[c]` calls per scenario."""
+
+    rounds: int
+    calls: dict[int, int]
+    warmup: dict[int, int]
+
+
+FULL = Plan(rounds=5, calls={1: 300, 32: 1280}, warmup={1: 150, 32: 640})
+QUICK = Plan(rounds=2, calls={1: 60, 32: 320}, warmup={1: 40, 32: 128})
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_ticks(pid: int) -> int:
+    """utime + stime of a process in clock ticks (0 if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def machine_busy_ticks() -> int:
+    """Busy clock ticks of all cores together (everything but idle and iowait), /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields) - fields[3] - fields[4]
+
+
+def uses_uvloop(pid: int) -> bool:
+    try:
+        return "uvloop" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+class Child:
+    """A server subprocess we started; stopped by its own pid only."""
+
+    def __init__(self, name: str, argv: list[str], log_dir: Path) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    async def wait_healthy(self, url: str, http: aiohttp.ClientSession) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {self.log_path.read_text()[-2000:]}")
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with http.get(url) as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"{self.name} did not become healthy: {self.log_path.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+# -- metrics -----------------------------------------------------------------------------------
+
+_SAMPLE = re.compile(r"^(undolog_proxy_\w+?)_(sum|count)\{([^}]*)\} (\S+)$", re.M)
+
+
+def parse_histograms(text: str) -> dict[str, float]:
+    """`{"<family>{<labels>}_sum": value, ..._count: ...}` for the proxy's histograms."""
+    out = {}
+    for name, kind, labels, value in _SAMPLE.findall(text):
+        out[f"{name}{{{labels}}}_{kind}"] = float(value)
+    return out
+
+
+def histogram_means(totals: dict[str, float]) -> dict[str, dict[str, float]]:
+    """{series: {"count": n, "mean_ms": m}} from accumulated _sum/_count values."""
+    means = {}
+    for key, count in totals.items():
+        if not key.endswith("_count") or count <= 0:
+            continue
+        series = key[: -len("_count")]
+        means[series] = {
+            "count": count,
+            "mean_ms": round(totals.get(series + "_sum", 0.0) / count * 1000, 3),
+        }
+    return means
+
+
+# -- load generator ----------------------------------------------------------------------------
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    # Nearest rank: the smallest value with at least q% of the values at or below it.
+    index = max(0, math.ceil(q / 100 * len(sorted_values)) - 1)
+    return sorted_values[index]
+
+
+@dataclass
+class Caller:
+    """One concurrent caller: its own session; remembers its committed calls for replays."""
+
+    session_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    step: int = 0
+    committed: list[bytes] = field(default_factory=list)
+    replay_at: int = 0
+
+    def new_call(self) -> bytes:
+        self.step += 1
+        return orjson.dumps(
+            {
+                "session_id": self.session_id,
+                "tool_name": "echo",
+                "step_index": self.step,
+                "args": {"text": "hello", "n": self.step},
+            }
+        )
+
+    def direct_call(self) -> bytes:
+        self.step += 1
+        return orjson.dumps(
+            {
+                "args": {"text": "hello", "n": self.step},
+                "session_id": self.session_id,
+                "effect_id": str(uuid.uuid4()),
+            }
+        )
+
+    def replay_call(self) -> bytes:
+        body = self.committed[self.replay_at % len(self.committed)]
+        self.replay_at += 1
+        return body
+
+
+@dataclass
+class Tally:
+    """What one (store, concurrency, scenario) accumulated over its rounds."""
+
+    latencies: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    errors: int = 0
+    cpu_ticks: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    histograms: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+
+class Bench:
+    def __init__(self, http: aiohttp.ClientSession, upstream: str, proxy: str) -> None:
+        self.http = http
+        self.upstream = upstream
+        self.proxy = proxy
+        self.proxy_headers = {"X-Api-Key": API_KEY, "Content-Type": "application/json"}
+        self.direct_headers = {"Content-Type": "application/json"}
+
+    async def _caller(
+        self, scenario: str, caller: Caller, n: int, latencies: list[float] | None
+    ) -> int:
+        errors = 0
+        for _ in range(n):
+            if scenario == "direct":
+                url, body, headers, expect = (
+                    self.upstream + "/tools/echo",
+                    caller.direct_call(),
+                    self.direct_headers,
+                    b'"success":true',
+                )
+            elif scenario == "new":
+                url, body, headers, expect = (
+                    self.proxy + "/mcp/tool_call",
+                    caller.new_call(),
+                    self.proxy_headers,
+                    b'"status":"executed"',
+                )
+            else:
+                url, body, headers, expect = (
+                    self.proxy + "/mcp/tool_call",
+                    caller.replay_call(),
+                    self.proxy_headers,
+                    b'"status":"replayed"',
+                )
+            started = time.perf_counter()
+            async with self.http.post(url, data=body, headers=headers) as response:
+                answer = await response.read()
+            elapsed = time.perf_counter() - started
+            if response.status != 200 or expect not in answer:
+                errors += 1
+                if errors == 1:
+                    print(f"  ! {scenario}: HTTP {response.status} {answer[:200]!r}", flush=True)
+                continue
+            if scenario == "new":
+                caller.committed.append(body)
+            if latencies is not None:
+                latencies.append(elapsed)
+        return errors
+
+    async def chunk(
+        self, scenario: str, callers: list[Caller], total: int, tally: Tally | None
+    ) -> None:
+        """`total` calls split over `callers`, all running at once; recorded into `tally`."""
+        per_caller = max(1, total // len(callers))
+        latencies = tally.latencies if tally is not None else None
+        started = time.perf_counter()
+        errors = await asyncio.gather(
+            *(self._caller(scenario, c, per_caller, latencies) for c in callers)
+        )
+        elapsed = time.perf_counter() - started
+        if tally is not None:
+            tally.seconds += elapsed
+            tally.errors += sum(errors)
+
+    async def scrape(self) -> dict[str, float]:
+        async with self.http.get(self.proxy + "/metrics") as response:
+            return parse_histograms(await response.text())
+
+
+async def postgres_backend_pids(admin: asyncpg.Connection | None, db: str | None) -> list[int]:
+    if admin is None or db is None:
+        return []
+    rows = await admin.fetch("SELECT pid FROM pg_stat_activity WHERE datname = $1", db)
+    return [int(r["pid"]) for r in rows]
+
+
+def cpu_snapshot(pids: dict[str, list[int]]) -> dict[str, dict[int, int]]:
+    snapshot = {name: {pid: cpu_ticks(pid) for pid in group} for name, group in pids.items()}
+    snapshot["machine"] = {0: machine_busy_ticks()}
+    return snapshot
+
+
+def cpu_delta(
+    before: dict[str, dict[int, int]], after: dict[str, dict[int, int]]
+) -> dict[str, int]:
+    # A PostgreSQL backend that appeared during the chunk counts from zero.
+    return {
+        name: sum(ticks - before.get(name, {}).get(pid, 0) for pid, ticks in group.items())
+        for name, group in after.items()
+    }
+
+
+async def measure_store(
+    store: str,
+    database_url: str,
+    plan: Plan,
+    concurrencies: list[int],
+    upstream_url: str,
+    upstream_pid: int,
+    workdir: Path,
+    http: aiohttp.ClientSession,
+    admin: asyncpg.Connection | None,
+    pg_db: str | None,
+    py_spy: Path | None,
+) -> dict[str, Any]:
+    config = workdir / f"org-{store}.toml"
+    config.write_text(f'[[orgs]]\nid = "{ORG}"\napi_keys = ["{API_KEY}"]\n')
+    port = free_port()
+    proxy = Child(
+        f"proxy-{store}",
+        [
+            sys.executable,
+            "-m",
+            "undolog",
+            "serve",
+            "--database-url",
+            database_url,
+            "--upstream-url",
+            upstream_url,
+            "--port",
+            str(port),
+            "--config",
+            str(config),
+            "--log-level",
+            "warning",
+        ],
+        workdir,
+    )
+    proxy_url = f"http://127.0.0.1:{port}"
+    spy = None
+    try:
+        await proxy.wait_healthy(proxy_url + "/health", http)
+        async with http.put(
+            proxy_url + "/tools/echo",
+            json={"tier": "compensable", "compensation": {"fn_name": "echo"}},
+            headers={"X-Api-Key": API_KEY},
+        ) as response:
+            if response.status != 200:
+                raise RuntimeError(f"PUT /tools/echo: {response.status} {await response.text()}")
+        bench = Bench(http, upstream_url, proxy_url)
+        tallies: dict[tuple[int, str], Tally] = {}
+        print(f"\n== {store}: proxy pid {proxy.pid}, uvloop in proxy: {uses_uvloop(proxy.pid)}")
+        for concurrency in concurrencies:
+            callers = [Caller() for _ in range(concurrency)]
+            # Warm-up: connections, caches, pools, JIT-free Python paths; seeds the replays.
+            for scenario in SCENARIOS:
+                await bench.chunk(scenario, callers, plan.warmup[concurrency], None)
+            if py_spy is not None and spy is None:
+                spy = start_py_spy(proxy.pid, py_spy / f"proxy-{store}.txt", workdir)
+            for scenario in SCENARIOS:
+                tallies[(concurrency, scenario)] = Tally()
+            for r in range(plan.rounds):
+                order = SCENARIOS[r % 3 :] + SCENARIOS[: r % 3]
+                for scenario in order:
+                    tally = tallies[(concurrency, scenario)]
+                    pids = {
+                        "loadgen": [os.getpid()],
+                        "upstream": [upstream_pid],
+                        "proxy": [proxy.pid],
+                        "postgres": await postgres_backend_pids(admin, pg_db),
+                    }
+                    metrics_before = await bench.scrape()
+                    cpu_before = cpu_snapshot(pids)
+                    await bench.chunk(scenario, callers, plan.calls[concurrency], tally)
+                    pids["postgres"] = await postgres_backend_pids(admin, pg_db)
+                    delta = cpu_delta(cpu_before, cpu_snapshot(pids))
+                    machine = delta.pop("machine")
+                    for name, ticks in delta.items():
+                        tally.cpu_ticks[name] += ticks
+                    # Kernel (loopback TCP, fsync), PostgreSQL's own background processes and
+                    # anything else running on the machine: the part no pid above accounts for.
+                    tally.cpu_ticks["other"] += machine - sum(delta.values())
+                    metrics_after = await bench.scrape()
+                    for key, value in metrics_after.items():
+                        tally.histograms[key] += value - metrics_before.get(key, 0.0)
+            for scenario in SCENARIOS:
+                row = summarise(store, concurrency, scenario, tallies[(concurrency, scenario)])
+                print(format_row(row), flush=True)
+        if spy is not None:
+            stop_child(spy)
+        totals = await bench.scrape()
+        return {
+            "rows": [
+                summarise(store, c, s, tallies[(c, s)]) for c in concurrencies for s in SCENARIOS
+            ],
+            "metrics_means_whole_run": histogram_means(totals),
+            "proxy_uvloop": uses_uvloop(proxy.pid),
+        }
+    finally:
+        if spy is not None:
+            stop_child(spy)
+        proxy.stop()
+
+
+def start_py_spy(pid: int, out: Path, workdir: Path) -> subprocess.Popen[bytes] | None:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(exe).exists():
+        print("  (py-spy not installed: no profile)")
+        return None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log = (workdir / "py-spy.log").open("ab")
+    return subprocess.Popen(
+        [exe, "record", "--pid", str(pid), "--format", "raw", "--idle", "--rate", "250",
+         "-o", str(out)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def stop_child(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- reporting ---------------------------------------------------------------------------------
+
+
+def summarise(store: str, concurrency: int, scenario: str, tally: Tally) -> dict[str, Any]:
+    values = sorted(tally.latencies)
+    n = len(values)
+    cpu = {
+        name: round(ticks / CLK_TCK / max(n, 1) * 1000, 3)
+        for name, ticks in tally.cpu_ticks.items()
+    }
+    return {
+        "store": store,
+        "concurrency": concurrency,
+        "scenario": scenario,
+        "calls": n,
+        "errors": tally.errors,
+        "p50_ms": round(percentile(values, 50) * 1000, 3),
+        "p99_ms": round(percentile(values, 99) * 1000, 3),
+        "mean_ms": round(sum(values) / max(n, 1) * 1000, 3),
+        "calls_per_s": round(n / tally.seconds, 1) if tally.seconds else 0.0,
+        "cpu_ms_per_call": cpu,
+        "cpu_utilisation": {
+            name: round(ticks / CLK_TCK / tally.seconds, 2) if tally.seconds else 0.0
+            for name, ticks in tally.cpu_ticks.items()
+        },
+        "machine_busy_cores": (
+            round(sum(tally.cpu_ticks.values()) / CLK_TCK / tally.seconds, 2)
+            if tally.seconds
+            else 0.0
+        ),
+        "proxy_histogram_means": histogram_means(dict(tally.histograms)),
+    }
+
+
+def format_row(row: dict[str, Any]) -> str:
+    cpu = row["cpu_ms_per_call"]
+    cpu_text = " ".join(f"{k}={v:.2f}" for k, v in cpu.items() if v)
+    return (
+        f"{row['store']:<9}{row['concurrency']:>4}  {row['scenario']:<7}{row['calls']:>7}"
+        f"{row['p50_ms']:>9.2f}{row['p99_ms']:>9.2f}{row['calls_per_s']:>10.0f}"
+        f"{row['errors']:>6}{row['machine_busy_cores']:>7.2f}   {cpu_text}"
+    )
+
+
+HEADER = (
+    f"{'store':<9}{'conc':>4}  {'scenario':<7}{'calls':>7}{'p50 ms':>9}{'p99 ms':>9}"
+    f"{'calls/s':>10}{'errs':>6}{'cores':>7}   CPU ms per call by process"
+)
+
+
+def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by = {(r["store"], r["concurrency"], r["scenario"]): r for r in rows}
+    out = []
+    for store, concurrency in sorted({(r["store"], r["concurrency"]) for r in rows}):
+        direct = by[(store, concurrency, "direct")]
+        new = by[(store, concurrency, "new")]
+        replay = by[(store, concurrency, "replay")]
+        out.append(
+            {
+                "store": store,
+                "concurrency": concurrency,
+                "added_p50_ms": round(new["p50_ms"] - direct["p50_ms"], 3),
+                "new_over_direct_p50": round(new["p50_ms"] / direct["p50_ms"], 2),
+                "new_over_direct_throughput": round(new["calls_per_s"] / direct["calls_per_s"], 3),
+                "new_over_replay_p50": round(new["p50_ms"] / replay["p50_ms"], 2),
+                "replay_over_new_throughput": round(replay["calls_per_s"] / new["calls_per_s"], 2),
+                "direct_over_new_throughput": round(direct["calls_per_s"] / new["calls_per_s"], 1),
+            }
+        )
+    return out
+
+
+def print_report(rows: list[dict[str, Any]], ratio_rows: list[dict[str, Any]]) -> list[str]:
+    print("\n" + HEADER)
+    for row in rows:
+        print(format_row(row))
+    print(
+        f"\n{'store':<9}{'conc':>4}  {'added p50 ms':>12}{'new/direct thr':>16}"
+        f"{'new/replay p50':>16}{'replay/new thr':>16}{'direct/new thr':>16}"
+    )
+    for r in ratio_rows:
+        print(
+            f"{r['store']:<9}{r['concurrency']:>4}  {r['added_p50_ms']:>12.2f}"
+            f"{r['new_over_direct_throughput']:>16.3f}{r['new_over_replay_p50']:>16.2f}"
+            f"{r['replay_over_new_throughput']:>16.2f}{r['direct_over_new_throughput']:>16.1f}"
+        )
+    print("\nWhere the proxy's time goes (means of its histograms over each scenario, ms):")
+    for row in rows:
+        if row["scenario"] == "direct":
+            continue
+        means = row["proxy_histogram_means"]
+        parts = [
+            f"{_short(series)}={m['mean_ms']:.2f}"
+            for series, m in sorted(means.items())
+            if "tool_call" in series or "engine_rpc" in series or "executor" in series
+        ]
+        print(f"  {row['store']:<9}{row['concurrency']:>3} {row['scenario']:<7} " + " ".join(parts))
+    return check_targets(rows, ratio_rows)
+
+
+def _short(series: str) -> str:
+    series = series.replace("undolog_proxy_", "").replace("_duration_seconds", "")
+    return re.sub(r'\{(?:\w+)="([^"]*)"\}', r"[\1]", series).replace("/mcp/tool_call", "tool_call")
+
+
+def check_targets(rows: list[dict[str, Any]], ratio_rows: list[dict[str, Any]]) -> list[str]:
+    by = {(r["store"], r["concurrency"], r["scenario"]): r for r in rows}
+    lines = []
+
+    def verdict(ok: bool) -> str:
+        return "PASS" if ok else "MISS"
+
+    for r in ratio_rows:
+        store, c = r["store"], r["concurrency"]
+        if c == 1:
+            added = r["added_p50_ms"]
+            lines.append(
+                f"{verdict(added <= TARGET_ADDED_P50_MS)} {store}: added p50 {added:.2f} ms "
+                f"(target <= {TARGET_ADDED_P50_MS} ms"
+                + (f", over by {added - TARGET_ADDED_P50_MS:.2f} ms)" if added > 2 else ")")
+            )
+        if c == 32:
+            new = by[(store, c, "new")]["calls_per_s"]
+            lines.append(
+                f"{verdict(new >= TARGET_NEW_PER_S)} {store}: {new:.0f} new calls/s at 32 "
+                f"sessions (target >= {TARGET_NEW_PER_S:.0f}"
+                + (f", {new / TARGET_NEW_PER_S:.0%} of it)" if new < TARGET_NEW_PER_S else ")")
+            )
+            direct = by[(store, c, "direct")]["calls_per_s"]
+            lines.append(
+                f"{verdict(direct >= 3 * new)} {store}: load generator not the bottleneck: "
+                f"direct {direct:.0f} calls/s = {direct / new:.1f}x the proxy's new calls"
+            )
+        replay_ok = r["new_over_replay_p50"] >= TARGET_REPLAY_FACTOR and (
+            c == 1 or r["replay_over_new_throughput"] >= TARGET_REPLAY_FACTOR
+        )
+        lines.append(
+            f"{verdict(replay_ok)} {store} c={c}: replay cheaper than a new call by "
+            f"{r['new_over_replay_p50']:.2f}x at p50, {r['replay_over_new_throughput']:.2f}x "
+            f"in calls/s (target >= {TARGET_REPLAY_FACTOR:.0f}x)"
+        )
+    others = [r["cpu_utilisation"].get("other", 0.0) for r in rows]
+    if others:
+        lines.append(
+            f"NOTE other processes + kernel used {sum(others) / len(others):.2f} of "
+            f"{os.cpu_count()} cores on average while measuring (max {max(others):.2f}); "
+            "on a shared machine that slows every scenario"
+        )
+    print("\nTargets:")
+    for line in lines:
+        print("  " + line)
+    return lines
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+async def main(args: argparse.Namespace) -> int:
+    plan = QUICK if args.quick else FULL
+    if args.rounds:
+        plan = Plan(args.rounds, plan.calls, plan.warmup)
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    stores = args.stores.split(",")
+    workdir = Path(tempfile.mkdtemp(prefix="undolog-bench-"))
+    loadavg_before = os.getloadavg()
+    started = time.perf_counter()
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+    timeout = aiohttp.ClientTimeout(total=60)
+    results: dict[str, Any] = {}
+    admin: asyncpg.Connection | None = None
+    pg_db: str | None = None
+    upstream_port = free_port()
+    upstream = Child(
+        "upstream",
+        [sys.executable, "-m", "undolog", "demo-tools", "--port", str(upstream_port)],
+        workdir,
+    )
+    try:
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+            upstream_url = f"http://127.0.0.1:{upstream_port}"
+            await upstream.wait_healthy(upstream_url + "/health", http)
+            for store in stores:
+                if store == "sqlite":
+                    url = f"sqlite:///{workdir / 'bench.db'}"
+                elif store == "postgres":
+                    admin = await asyncpg.connect(args.pg_admin_url)
+                    pg_db = f"undolog_bench_{os.getpid()}"
+                    await admin.execute(f'CREATE DATABASE "{pg_db}"')
+                    base = args.pg_admin_url.rsplit("/", 1)[0]
+                    url = f"{base}/{pg_db}"
+                else:
+                    raise SystemExit(f"unknown store {store!r}: expected sqlite or postgres")
+                results[store] = await measure_store(
+                    store, url, plan, concurrencies, upstream_url, upstream.pid, workdir, http,
+                    admin if store == "postgres" else None, pg_db if store == "postgres" else None,
+                    Path(args.py_spy) if args.py_spy else None,
+                )  # fmt: skip
+    finally:
+        upstream.stop()
+        if admin is not None:
+            if pg_db is not None:
+                await admin.execute(f'DROP DATABASE IF EXISTS "{pg_db}" WITH (FORCE)')
+            await admin.close()
+        if not args.keep_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    rows = [row for store in stores for row in results[store]["rows"]]
+    ratio_rows = ratios(rows)
+    verdicts = print_report(rows, ratio_rows)
+    print("\nProxy histogram means over each whole store run (incl. warm-up), ms:")
+    for store in stores:
+        means = results[store]["metrics_means_whole_run"]
+        for series, m in sorted(means.items()):
+            if "engine_rpc" in series or "executor" in series:
+                print(
+                    f"  {store:<9} {_short(series):<40} mean {m['mean_ms']:7.3f} n={m['count']:.0f}"
+                )
+    elapsed = time.perf_counter() - started
+    report = {
+        "mode": "quick" if args.quick else "full",
+        "plan": {"rounds": plan.rounds, "calls_per_round": plan.calls, "warmup": plan.warmup},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "loadavg_before": loadavg_before,
+            "loadavg_after": os.getloadavg(),
+            "loadgen_uvloop": "uvloop" in type(asyncio.get_running_loop()).__module__,
+            "proxy_uvloop": {s: results[s]["proxy_uvloop"] for s in stores},
+        },
+        "elapsed_s": round(elapsed, 1),
+        "rows": rows,
+        "ratios": ratio_rows,
+        "targets": verdicts,
+        "proxy_metrics_whole_run": {s: results[s]["metrics_means_whole_run"] for s in stores},
+    }
+    if not args.no_save:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"\nwritten {RESULTS.relative_to(HERE.parent)} ({elapsed:.0f} s in all)")
+    return 1 if any(r["errors"] for r in rows) else 0
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
+    parser.add_argument("--stores", default="sqlite,postgres", help="comma-separated")
+    parser.add_argument("--concurrency", default="1,32", help="comma-separated caller counts")
+    parser.add_argument("--rounds", type=int, default=0, help="override the plan's rounds")
+    parser.add_argument(
+        "--pg-admin-url",
+        default=os.environ.get("UNDOLOG_BENCH_PG_URL", DEFAULT_PG_ADMIN_URL),
+        help="a database on the server where the bench database is created and dropped",
+    )
+    parser.add_argument("--py-spy", metavar="DIR", help="record the proxy with py-spy (raw)")
+    parser.add_argument("--keep-workdir", action="store_true", help="keep logs and SQLite file")
+    parser.add_argument("--no-save", action="store_true", help="do not write results/latest.json")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    try:
+        import uvloop
+    except ImportError:
+        sys.exit(asyncio.run(main(arguments)))
+    sys.exit(uvloop.run(main(arguments)))

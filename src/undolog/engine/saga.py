@@ -1,0 +1,424 @@
+"""The saga: unwinding a session's undo stack, newest first, exactly once, with escalation.
+
+`plan_next` is the pure rule that picks what to do with the stack; `Saga` carries it out in
+short transactions. A runner (the proxy for entries of proxy-executed calls, the SDK for its
+own) *claims* the top entry, runs its compensation, and reports each attempt; only then can
+the next entry be claimed, so LIFO order holds whoever runs what. A claim holds a lease: a
+runner that dies mid-compensation loses it, and the next claim retries the same entry with the
+same idempotency key (the entry id).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from undolog.engine.core import check_registered_before_executed
+from undolog.engine.states import (
+    EffectState,
+    SessionState,
+    UndoState,
+    check_effect_transition,
+    check_session_transition,
+)
+from undolog.store.base import Queries, Store
+from undolog.store.records import EffectRecord, SessionRecord, UndoEntryRecord
+from undolog_sdk.errors import (
+    CompensationFailed,
+    InvalidRequest,
+    InvalidStateTransition,
+    NotFound,
+)
+
+__all__ = ["Claim", "RollbackStatus", "Saga", "StepKind", "plan_next"]
+
+_DONE_ENTRY_STATES = frozenset({UndoState.COMPENSATED, UndoState.SKIPPED, UndoState.RESOLVED})
+# Effects whose forward call never took effect: their compensation has nothing to undo.
+_NEVER_RAN = frozenset(
+    {EffectState.FAILED, EffectState.REJECTED, EffectState.TIMED_OUT, EffectState.AWAITING_APPROVAL}
+)
+# Effects whose outcome is unknown: the unwinding waits for an operator.
+_UNSETTLED = frozenset({EffectState.EXECUTING, EffectState.IN_DOUBT, EffectState.PENDING})
+
+
+class StepKind(enum.Enum):
+    RUN = "run"  # claim this entry and run its compensation
+    SKIP = "skip"  # its forward call never committed: mark skipped, look further down
+    SETTLE = "settle"  # its effect is already compensated: mark the entry so
+    BUSY = "busy"  # another runner holds it under a live lease
+    OTHER_RUNNER = "other_runner"  # the top entry belongs to the other kind of runner
+    BLOCKED = "blocked"  # its forward call is in doubt or still running
+    FAILED = "failed"  # it exhausted its retries: an operator must retry or resolve it
+    DONE = "done"  # nothing left to undo
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    kind: StepKind
+    entry: UndoEntryRecord | None = None
+    effect: EffectRecord | None = None
+
+
+def plan_next(
+    stack: Sequence[tuple[UndoEntryRecord, EffectRecord]], runner: str, now_us: int
+) -> Step:
+    """What to do next with a stack given newest first, for a runner of kind `runner`."""
+    for entry, effect in stack:
+        if entry.state in _DONE_ENTRY_STATES:
+            continue
+        if entry.state == UndoState.FAILED:
+            return Step(StepKind.FAILED, entry, effect)
+        if effect.state in _NEVER_RAN:
+            return Step(StepKind.SKIP, entry, effect)
+        if effect.state == EffectState.COMPENSATED:
+            return Step(StepKind.SETTLE, entry, effect)
+        if effect.state in _UNSETTLED:
+            return Step(StepKind.BLOCKED, entry, effect)
+        lease = entry.lease_expires_us
+        if entry.state == UndoState.RUNNING and lease is not None and lease > now_us:
+            return Step(StepKind.BUSY, entry, effect)
+        if entry.runner != runner:
+            return Step(StepKind.OTHER_RUNNER, entry, effect)
+        return Step(StepKind.RUN, entry, effect)
+    return Step(StepKind.DONE)
+
+
+class RollbackStatus(enum.Enum):
+    """Where a rollback stands after a runner has done what it could."""
+
+    COMPENSATED = "compensated"  # every entry is undone (or skipped/resolved)
+    EMPTY = "empty_undo_stack"  # nothing was ever on the stack
+    COMPENSATION_FAILED = "compensation_failed"  # an entry gave up: an operator must act
+    WAITING_FOR_RUNNER = "waiting_for_runner"  # the top entry is the other runner's
+    BUSY = "busy"  # another runner holds the top entry
+    BLOCKED = "blocked"  # an entry's forward call is in doubt or still running
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A claimed entry: run `entry`'s compensation with `payload`, then report."""
+
+    entry: UndoEntryRecord
+    effect: EffectRecord
+    payload: dict[str, Any]
+    attempts_left: int
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _event(payload: dict[str, Any]) -> str:
+    return orjson.dumps(payload).decode()
+
+
+def compensation_payload(entry: UndoEntryRecord, effect: EffectRecord) -> dict[str, Any]:
+    """What a compensation receives: its captured args plus the forward call's args/result."""
+    payload: dict[str, Any] = dict(orjson.loads(entry.args_json))
+    payload["original_args"] = orjson.loads(effect.args_json)
+    payload["original_result"] = orjson.loads(effect.result_json) if effect.result_json else None
+    return payload
+
+
+class Saga:
+    """Rollback of sessions over a store. See the module docstring."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        lease_seconds: float = 60.0,
+        clock_us: Callable[[], int] = _now_us,
+    ) -> None:
+        self.store = store
+        self.lease_us = int(lease_seconds * 1_000_000)
+        self._clock = clock_us
+
+    async def _session(self, q: Queries, org_id: str, session_id: str) -> SessionRecord:
+        session = await q.get_session(org_id, session_id)
+        if session is None:
+            raise NotFound(f"session '{session_id}' not found")
+        return session
+
+    async def begin(self, org_id: str, session_id: str) -> SessionRecord:
+        """Move the session to `compensating` (idempotent while it is already there)."""
+        now = self._clock()
+        async with self.store.transaction() as q:
+            session = await self._session(q, org_id, session_id)
+            if session.state in (SessionState.COMPENSATING, SessionState.COMPENSATED):
+                return session
+            check_session_transition(session_id, session.state, SessionState.COMPENSATING)
+            await q.update_session(org_id, session_id, now, state=SessionState.COMPENSATING)
+            await q.insert_event(
+                org_id, "session_compensating", session_id, None,
+                _event({"stage": "compensating", "from": session.state}), now,
+            )  # fmt: skip
+            return await self._session(q, org_id, session_id)
+
+    async def _stack(
+        self, q: Queries, org_id: str, session_id: str
+    ) -> list[tuple[UndoEntryRecord, EffectRecord]]:
+        pairs = []
+        for entry in await q.list_undo_entries(org_id, session_id):
+            effect = await q.get_effect(org_id, entry.effect_id)
+            if effect is None:  # pragma: no cover - a foreign key guarantees it
+                raise NotFound(f"effect '{entry.effect_id}' not found")
+            pairs.append((entry, effect))
+        return pairs
+
+    async def claim(
+        self, org_id: str, session_id: str, runner: str
+    ) -> Claim | RollbackStatus:
+        """Claim the top entry for `runner`, or say why there is nothing to claim.
+
+        Entries whose forward call never committed are skipped on the way down. When the
+        stack is done the session becomes `compensated` (`EMPTY` if nothing ever ran).
+        """
+        if runner not in ("proxy", "sdk"):
+            raise InvalidRequest("runner must be 'proxy' or 'sdk'")
+        async with self.store.transaction(lock_key=None) as q:
+            session = await self._session(q, org_id, session_id)
+            if session.state == SessionState.COMPENSATED:
+                return RollbackStatus.COMPENSATED
+            if session.state != SessionState.COMPENSATING:
+                raise InvalidStateTransition(session_id, session.state, "compensating")
+            while True:
+                now = self._clock()
+                stack = await self._stack(q, org_id, session_id)
+                step = plan_next(stack, runner, now)
+                if step.kind in (StepKind.SKIP, StepKind.SETTLE):
+                    assert step.entry is not None
+                    target = UndoState.SKIPPED if step.kind is StepKind.SKIP else UndoState.COMPENSATED
+                    await q.update_undo_entry(
+                        org_id, step.entry.entry_id, state=target.value, updated_us=now,
+                        lease_expires_us=None,
+                    )  # fmt: skip
+                    await q.insert_event(
+                        org_id, f"compensation_{target.value}", session_id,
+                        step.entry.effect_id,
+                        _event({"entry_id": step.entry.entry_id, "fn_name": step.entry.fn_name}),
+                        now,
+                    )  # fmt: skip
+                    continue
+                if step.kind is StepKind.DONE:
+                    return await self._finish(q, session, stack, now)
+                if step.kind is StepKind.RUN:
+                    assert step.entry is not None and step.effect is not None
+                    return await self._claim_entry(q, step.entry, step.effect, now)
+                if step.kind is StepKind.FAILED:
+                    return RollbackStatus.COMPENSATION_FAILED
+                return {
+                    StepKind.BUSY: RollbackStatus.BUSY,
+                    StepKind.OTHER_RUNNER: RollbackStatus.WAITING_FOR_RUNNER,
+                    StepKind.BLOCKED: RollbackStatus.BLOCKED,
+                }[step.kind]
+
+    async def _finish(
+        self,
+        q: Queries,
+        session: SessionRecord,
+        stack: Sequence[tuple[UndoEntryRecord, EffectRecord]],
+        now: int,
+    ) -> RollbackStatus:
+        ran = any(e.state in (UndoState.COMPENSATED, UndoState.RESOLVED) for e, _ in stack)
+        await q.update_session(
+            session.org_id, session.session_id, now, state=SessionState.COMPENSATED
+        )
+        await q.insert_event(
+            session.org_id, "session_compensated", session.session_id, None,
+            _event({"stage": "compensated", "entries": len(stack)}), now,
+        )  # fmt: skip
+        return RollbackStatus.COMPENSATED if ran else RollbackStatus.EMPTY
+
+    async def _claim_entry(
+        self, q: Queries, entry: UndoEntryRecord, effect: EffectRecord, now: int
+    ) -> Claim:
+        check_registered_before_executed(entry, effect)
+        org_id = entry.org_id
+        if effect.state == EffectState.COMMITTED:
+            check_effect_transition(effect.effect_id, effect.state, EffectState.COMPENSATING)
+            await q.update_effect(
+                org_id, effect.effect_id, expect_state=effect.state,
+                state=EffectState.COMPENSATING.value, updated_us=now,
+            )  # fmt: skip
+        changed = await q.update_undo_entry(
+            org_id, entry.entry_id, expect_state=entry.state,
+            state=UndoState.RUNNING.value, lease_expires_us=now + self.lease_us, updated_us=now,
+        )  # fmt: skip
+        if not changed:  # pragma: no cover - we hold the write transaction
+            raise InvalidStateTransition(entry.entry_id, entry.state, UndoState.RUNNING.value)
+        await q.insert_event(
+            org_id, "compensation_started", entry.session_id, entry.effect_id,
+            _event({"entry_id": entry.entry_id, "fn_name": entry.fn_name,
+                    "attempt": entry.attempts + 1}),
+            now,
+        )  # fmt: skip
+        claimed = await q.get_undo_entry(org_id, entry.entry_id)
+        assert claimed is not None
+        return Claim(
+            entry=claimed,
+            effect=effect,
+            payload=compensation_payload(entry, effect),
+            attempts_left=max(0, entry.max_retries + 1 - entry.attempts),
+        )
+
+    async def claim_entry(self, org_id: str, entry_id: str, runner: str) -> Claim:
+        """Claim a specific entry (the SDK names the one the proxy handed over).
+
+        Raises:
+            NotFound: no such entry in this org.
+            InvalidStateTransition: it is not the entry to run next for this runner.
+        """
+        async with self.store.reader() as q:
+            entry = await q.get_undo_entry(org_id, entry_id)
+        if entry is None:
+            raise NotFound(f"undo entry '{entry_id}' not found")
+        result = await self.claim(org_id, entry.session_id, runner)
+        if isinstance(result, Claim) and result.entry.entry_id == entry_id:
+            return result
+        if isinstance(result, Claim):  # pragma: no cover - handed back below
+            await self._release(org_id, result.entry)
+        raise InvalidStateTransition(entry_id, entry.state, UndoState.RUNNING.value)
+
+    async def _release(self, org_id: str, entry: UndoEntryRecord) -> None:
+        now = self._clock()
+        async with self.store.transaction() as q:
+            await q.update_undo_entry(
+                org_id, entry.entry_id, expect_state=UndoState.RUNNING.value,
+                state=UndoState.PENDING.value, lease_expires_us=None, updated_us=now,
+            )  # fmt: skip
+
+    async def complete(self, org_id: str, entry_id: str) -> UndoEntryRecord:
+        """The claimed compensation succeeded: entry and effect are `compensated`."""
+        now = self._clock()
+        async with self.store.transaction() as q:
+            entry = await self._running_entry(q, org_id, entry_id)
+            await q.update_undo_entry(
+                org_id, entry_id, expect_state=UndoState.RUNNING.value,
+                state=UndoState.COMPENSATED.value, attempts=entry.attempts + 1,
+                lease_expires_us=None, last_error=None, updated_us=now,
+            )  # fmt: skip
+            await q.update_effect(
+                org_id, entry.effect_id, expect_state=EffectState.COMPENSATING.value,
+                state=EffectState.COMPENSATED.value, updated_us=now,
+            )  # fmt: skip
+            await q.insert_event(
+                org_id, "compensation_completed", entry.session_id, entry.effect_id,
+                _event({"entry_id": entry_id, "fn_name": entry.fn_name,
+                        "attempt": entry.attempts + 1}),
+                now,
+            )  # fmt: skip
+            done = await q.get_undo_entry(org_id, entry_id)
+        assert done is not None
+        return done
+
+    async def fail_attempt(self, org_id: str, entry_id: str, error: str) -> UndoEntryRecord:
+        """One attempt of the claimed compensation failed.
+
+        With retries left the entry stays claimed (the runner waits `retry_backoff_ms` and
+        tries again). Without, the entry, its effect and the session become
+        `compensation_failed` and `CompensationFailed` is raised.
+        """
+        now = self._clock()
+        async with self.store.transaction() as q:
+            entry = await self._running_entry(q, org_id, entry_id)
+            attempts = entry.attempts + 1
+            exhausted = attempts > entry.max_retries
+            await q.update_undo_entry(
+                org_id, entry_id, expect_state=UndoState.RUNNING.value,
+                state=(UndoState.FAILED if exhausted else UndoState.RUNNING).value,
+                attempts=attempts, last_error=error, updated_us=now,
+                lease_expires_us=None if exhausted else now + self.lease_us,
+            )  # fmt: skip
+            await q.insert_event(
+                org_id, "compensation_failed" if exhausted else "compensation_retrying",
+                entry.session_id, entry.effect_id,
+                _event({"entry_id": entry_id, "fn_name": entry.fn_name, "attempt": attempts,
+                        "error": error}),
+                now,
+            )  # fmt: skip
+            if exhausted:
+                await q.update_effect(
+                    org_id, entry.effect_id, expect_state=EffectState.COMPENSATING.value,
+                    state=EffectState.COMPENSATION_FAILED.value, updated_us=now,
+                )  # fmt: skip
+                await q.update_session(
+                    org_id, entry.session_id, now, state=SessionState.COMPENSATION_FAILED
+                )
+            failed = await q.get_undo_entry(org_id, entry_id)
+        assert failed is not None
+        if exhausted:
+            raise CompensationFailed(entry.fn_name, entry.max_retries, error)
+        return failed
+
+    async def _running_entry(self, q: Queries, org_id: str, entry_id: str) -> UndoEntryRecord:
+        entry = await q.get_undo_entry(org_id, entry_id)
+        if entry is None:
+            raise NotFound(f"undo entry '{entry_id}' not found")
+        if entry.state != UndoState.RUNNING:
+            raise InvalidStateTransition(entry_id, entry.state, "reported")
+        return entry
+
+    async def retry(self, org_id: str, entry_id: str) -> UndoEntryRecord:
+        """An operator retries a failed entry: it is pending again with fresh retries."""
+        return await self._reopen(org_id, entry_id, UndoState.PENDING, None)
+
+    async def resolve(self, org_id: str, entry_id: str, note: str) -> UndoEntryRecord:
+        """An operator marks a failed entry handled by hand; the unwinding may go on."""
+        return await self._reopen(org_id, entry_id, UndoState.RESOLVED, note)
+
+    async def _reopen(
+        self, org_id: str, entry_id: str, target: UndoState, note: str | None
+    ) -> UndoEntryRecord:
+        now = self._clock()
+        async with self.store.transaction() as q:
+            entry = await q.get_undo_entry(org_id, entry_id)
+            if entry is None:
+                raise NotFound(f"undo entry '{entry_id}' not found")
+            if entry.state != UndoState.FAILED:
+                raise InvalidStateTransition(entry_id, entry.state, target.value)
+            await q.update_undo_entry(
+                org_id, entry_id, expect_state=UndoState.FAILED.value, state=target.value,
+                attempts=0 if target is UndoState.PENDING else entry.attempts,
+                last_error=note if note is not None else entry.last_error, updated_us=now,
+            )  # fmt: skip
+            effect_target = (
+                EffectState.COMPENSATING if target is UndoState.PENDING else EffectState.COMPENSATED
+            )
+            await q.update_effect(
+                org_id, entry.effect_id, expect_state=EffectState.COMPENSATION_FAILED.value,
+                state=effect_target.value, updated_us=now,
+            )  # fmt: skip
+            session = await self._session(q, org_id, entry.session_id)
+            if session.state == SessionState.COMPENSATION_FAILED:
+                await q.update_session(
+                    org_id, entry.session_id, now, state=SessionState.COMPENSATING
+                )
+            await q.insert_event(
+                org_id, f"compensation_{'retried' if note is None else 'resolved'}",
+                entry.session_id, entry.effect_id,
+                _event({"entry_id": entry_id, "fn_name": entry.fn_name, "note": note}), now,
+            )  # fmt: skip
+            reopened = await q.get_undo_entry(org_id, entry_id)
+        assert reopened is not None
+        return reopened
+
+    async def complete_session(self, org_id: str, session_id: str) -> SessionRecord:
+        """A session whose work ended normally is `completed` (idempotent)."""
+        now = self._clock()
+        async with self.store.transaction() as q:
+            session = await self._session(q, org_id, session_id)
+            if session.state == SessionState.COMPLETED:
+                return session
+            check_session_transition(session_id, session.state, SessionState.COMPLETED)
+            await q.update_session(org_id, session_id, now, state=SessionState.COMPLETED)
+            await q.insert_event(
+                org_id, "session_completed", session_id, None,
+                _event({"stage": "completed"}), now,
+            )  # fmt: skip
+            return await self._session(q, org_id, session_id)

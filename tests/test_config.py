@@ -1,0 +1,242 @@
+"""`undolog.config.load_settings`: precedence of flags, env, TOML and defaults; orgs and tools
+declared in TOML; and the config mistakes that must fail at start-up, not at 3 a.m."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from undolog.config import (
+    DEFAULT_DATABASE_URL,
+    DEFAULT_LEASE_SECONDS,
+    DEFAULT_PORT,
+    OrgConfig,
+    Settings,
+    ToolConfig,
+    load_settings,
+)
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+WriteToml = Callable[[str], str]
+
+
+@pytest.fixture
+def write_toml(tmp_path: Path) -> WriteToml:
+    """Writes a TOML config file and returns its path."""
+
+    def write(text: str) -> str:
+        path = tmp_path / "undolog.toml"
+        path.write_text(text, encoding="utf-8")
+        return str(path)
+
+    return write
+
+
+def load(config: str | None = None, env: dict[str, str] | None = None, **flags: object) -> Settings:
+    return load_settings({"config": config, **flags}, env or {})
+
+
+# --- precedence --------------------------------------------------------------------------
+
+
+def test_with_nothing_given_the_defaults_apply() -> None:
+    settings = load()
+    assert settings == Settings()
+    assert settings.database_url == DEFAULT_DATABASE_URL
+    assert settings.port == DEFAULT_PORT
+    assert settings.orgs == settings.tools == ()
+
+
+def test_toml_beats_defaults_env_beats_toml_and_flags_beat_env(write_toml: WriteToml) -> None:
+    config = write_toml(
+        "[server]\nport = 1111\nlease_seconds = 1.5\nhost = '0.0.0.0'\nmax_body_bytes = 99\n"
+    )
+    env = {"UNDOLOG_PORT": "2222", "UNDOLOG_LEASE_SECONDS": "2.5"}
+    settings = load(config, env, port=3333)
+    assert settings.port == 3333  # flag
+    assert settings.lease_seconds == 2.5  # env
+    assert settings.host == "0.0.0.0"  # TOML
+    assert settings.max_body_bytes == 99  # TOML
+    assert settings.upstream_timeout_seconds == Settings().upstream_timeout_seconds  # default
+    assert settings.config == config
+
+
+def test_flags_given_as_none_and_empty_env_vars_count_as_not_given(write_toml: WriteToml) -> None:
+    config = write_toml("[server]\nport = 1111\n")
+    settings = load(config, {"UNDOLOG_PORT": ""}, port=None, lease_seconds=None)
+    assert settings.port == 1111
+    assert settings.lease_seconds == DEFAULT_LEASE_SECONDS
+
+
+def test_the_config_file_can_be_named_by_env(write_toml: WriteToml) -> None:
+    config = write_toml("[server]\nretry_after_seconds = 9\n")
+    settings = load_settings({}, {"UNDOLOG_CONFIG": config})
+    assert settings.retry_after_seconds == 9
+    assert settings.config == config
+
+
+def test_every_scalar_setting_has_an_env_var() -> None:
+    env = {
+        "UNDOLOG_DATABASE_URL": "postgresql://u@h/db",
+        "UNDOLOG_HOST": "0.0.0.0",
+        "UNDOLOG_PORT": "1",
+        "UNDOLOG_UPSTREAM_URL": "http://tools:1",
+        "UNDOLOG_UPSTREAM_TIMEOUT_SECONDS": "2.5",
+        "UNDOLOG_LEASE_SECONDS": "3",
+        "UNDOLOG_LOCK_MAX_ATTEMPTS": "4",
+        "UNDOLOG_LOCK_RETRY_MS": "5",
+        "UNDOLOG_MAX_BODY_BYTES": "6",
+        "UNDOLOG_RETRY_AFTER_SECONDS": "7",
+        "UNDOLOG_COMMIT_RETRY_ATTEMPTS": "8",
+        "UNDOLOG_COMMIT_RETRY_BACKOFF_MS": "9",
+        "UNDOLOG_LOG_LEVEL": "debug",
+    }
+    settings = load_settings({}, env)
+    assert settings == Settings(
+        database_url="postgresql://u@h/db",
+        host="0.0.0.0",
+        port=1,
+        upstream_url="http://tools:1",
+        upstream_timeout_seconds=2.5,
+        lease_seconds=3.0,
+        lock_max_attempts=4,
+        lock_retry_ms=5,
+        max_body_bytes=6,
+        retry_after_seconds=7,
+        commit_retry_attempts=8,
+        commit_retry_backoff_ms=9,
+        log_level="debug",
+    )
+
+
+# --- orgs and tools ----------------------------------------------------------------------
+
+ORG_TOML = """
+[[orgs]]
+id = "acme"
+name = "Acme Corp"
+api_keys = ["ul_plain_secret_key"]
+api_key_sha256 = ["{upper_hash}"]
+approval_timeout_seconds = 60
+auto_approve_on_timeout = true
+
+[[orgs]]
+id = "beta"
+"""
+
+
+def test_plain_api_keys_are_hashed_on_load_and_not_kept(write_toml: WriteToml) -> None:
+    other_hash = sha256("ul_other_key")
+    config = write_toml(ORG_TOML.format(upper_hash=other_hash.upper()))
+    settings = load(config)
+    acme, beta = settings.orgs
+    assert acme == OrgConfig(
+        org_id="acme",
+        name="Acme Corp",
+        api_key_hashes=(other_hash, sha256("ul_plain_secret_key")),
+        approval_timeout_seconds=60,
+        auto_approve_on_timeout=True,
+    )
+    assert beta == OrgConfig(org_id="beta", name="beta")
+    assert "ul_plain_secret_key" not in repr(settings)
+
+
+def test_tools_are_read_from_toml(write_toml: WriteToml) -> None:
+    config = write_toml(
+        """
+[[tools]]
+org = "acme"
+name = "send_email"
+tier = "compensable"
+version = "2.0.0"
+idempotent_upstream = true
+upstream_url = "http://mail:9000"
+compensation = { fn_name = "undo_send_email", max_retries = 5 }
+
+[[tools]]
+org = "acme"
+name = "search_web"
+tier = "safe"
+"""
+    )
+    email, search = load(config).tools
+    assert email == ToolConfig(
+        org_id="acme",
+        name="send_email",
+        tier="compensable",
+        version="2.0.0",
+        compensation={"fn_name": "undo_send_email", "max_retries": 5},
+        idempotent_upstream=True,
+        upstream_url="http://mail:9000",
+    )
+    assert search == ToolConfig(org_id="acme", name="search_web", tier="safe")
+
+
+# --- mistakes ----------------------------------------------------------------------------
+
+BAD_TOML = {
+    "an unknown [server] key": "[server]\nbogus = 1\n",
+    "a misspelt table": "[sever]\nport = 1\n",
+    "a number that is text": "[server]\nport = 'eighty'\n",
+    "a boolean for a number": "[server]\nport = true\n",
+    "a fraction for an integer": "[server]\nport = 80.5\n",
+    "a float that is text": "[server]\nlease_seconds = 'long'\n",
+    "[server] that is no table": "server = 1\n",
+    "invalid TOML": "[server\n",
+    "an org without id": "[[orgs]]\nname = 'x'\n",
+    "an org with an unknown key": "[[orgs]]\nid = 'a'\napi_key = 'k'\n",
+    "api_keys as a bare string": "[[orgs]]\nid = 'a'\napi_keys = 'secret'\n",
+    "an api_key_sha256 that is no digest": "[[orgs]]\nid = 'a'\napi_key_sha256 = ['abc']\n",
+    "an approval timeout that is text": "[[orgs]]\nid = 'a'\napproval_timeout_seconds = '1h'\n",
+    "auto-approve as text": "[[orgs]]\nid = 'a'\nauto_approve_on_timeout = 'false'\n",
+    "orgs as a table": "[orgs]\nid = 'a'\n",
+    "a tool without tier": "[[tools]]\norg = 'a'\nname = 't'\n",
+    "a tool with an unknown tier": "[[tools]]\norg = 'a'\nname = 't'\ntier = 'risky'\n",
+    "a compensable tool without compensation": (
+        "[[tools]]\norg = 'a'\nname = 't'\ntier = 'compensable'\n"
+    ),
+    "idempotent_upstream as text": (
+        "[[tools]]\norg = 'a'\nname = 't'\ntier = 'safe'\nidempotent_upstream = 'no'\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("text", BAD_TOML.values(), ids=BAD_TOML.keys())
+def test_a_bad_config_file_is_a_value_error_naming_the_file(
+    write_toml: WriteToml, text: str
+) -> None:
+    config = write_toml(text)
+    with pytest.raises(ValueError) as raised:
+        load(config)
+    assert config in str(raised.value)
+
+
+def test_a_missing_config_file_is_a_value_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        load(str(tmp_path / "nope.toml"))
+
+
+@pytest.mark.parametrize(
+    "name", ["UNDOLOG_PORT", "UNDOLOG_LEASE_SECONDS", "UNDOLOG_MAX_BODY_BYTES"]
+)
+def test_a_bad_number_in_env_is_a_value_error(name: str) -> None:
+    with pytest.raises(ValueError):
+        load(env={name: "lots"})
+
+
+def test_a_bad_number_as_a_flag_is_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        load(port="eighty")
+
+
+def test_an_unsupported_database_url_is_a_value_error_that_hides_the_password() -> None:
+    with pytest.raises(ValueError) as raised:
+        load(database_url="mysql://root:hunter2@db/undolog")
+    assert "hunter2" not in str(raised.value)
