@@ -65,9 +65,10 @@ def assert_one_execution(responses: list[httpx.Response]) -> dict[str, Any]:
     seen = Counter(outcome(r) for r in responses)
     executed = [r.json() for r in responses if outcome(r) == "200 executed"]
     assert len(executed) == 1, f"expected exactly one execution, got {dict(seen)}"
-    first = executed[0]
+    first: dict[str, Any] = executed[0]
     unexpected = [r.json() for r in responses if outcome(r) not in EXPECTED]
     assert not unexpected, f"{dict(seen)}; first unexpected: {unexpected[0]}"
+    assert seen["409 in_progress"] >= 1, f"no duplicate arrived while the call ran: {dict(seen)}"
     for response in responses:
         body = response.json()
         if response.status_code == 200:
@@ -78,7 +79,6 @@ def assert_one_execution(responses: list[httpx.Response]) -> dict[str, Any]:
         assert isinstance(body["retry_after"], int) and body["retry_after"] >= 1, body
         assert response.headers["Retry-After"] == str(body["retry_after"])
         assert response.headers["X-Request-Id"] == body["request_id"]
-    assert isinstance(first, dict)
     return first
 
 

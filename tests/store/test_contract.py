@@ -23,6 +23,7 @@ from undolog.store import (
     UndoEntryRecord,
     open_store,
 )
+from undolog.store.base import load_migrations
 from undolog_sdk.errors import Database
 
 NOW = 1_700_000_000_000_000
@@ -125,18 +126,26 @@ async def add_effect(store: Store, effect: EffectRecord) -> None:
 # -- schema ---------------------------------------------------------------------------------
 
 
-async def test_migrate_is_idempotent_and_reports_version_1(store: Store) -> None:
-    assert await store.migrate() == 1
-    assert await store.migrate() == 1
-    assert await store.schema_version() == 1
+LATEST = max(version for version, _ in load_migrations("sqlite"))
+
+
+def test_both_dialects_ship_the_same_migration_versions() -> None:
+    versions = {d: [v for v, _ in load_migrations(d)] for d in ("sqlite", "postgres")}
+    assert versions["sqlite"] == versions["postgres"] == list(range(1, LATEST + 1))
+
+
+async def test_migrate_is_idempotent_and_reports_the_latest_version(store: Store) -> None:
+    assert await store.migrate() == LATEST
+    assert await store.migrate() == LATEST
+    assert await store.schema_version() == LATEST
 
 
 async def test_a_fresh_sqlite_file_has_schema_version_0_until_migrated(tmp_path: Path) -> None:
     fresh = await open_store(f"sqlite:///{tmp_path / 'fresh.db'}")
     try:
         assert await fresh.schema_version() == 0
-        assert await fresh.migrate() == 1
-        assert await fresh.schema_version() == 1
+        assert await fresh.migrate() == LATEST
+        assert await fresh.schema_version() == LATEST
     finally:
         await fresh.close()
 
@@ -642,7 +651,7 @@ async def test_sqlite_busy_beyond_the_busy_timeout_surfaces_as_database(
             async with sqlite_store.transaction() as q:
                 await q.get_org(new_org())
         other_process.execute("ROLLBACK")
-        assert await sqlite_store.migrate() == 1  # and it recovers once the lock is gone
+        assert await sqlite_store.migrate() == LATEST  # and it recovers once the lock is gone
     finally:
         other_process.close()
         await sqlite_store.close()

@@ -316,6 +316,16 @@ class Engine:
                 seen = await q.get_effect_by_signature(org_id, signature)
             if seen is not None and seen.state in REPLAYABLE_STATES:
                 return await self._replay(seen, tool)
+            if seen is not None:
+                # Answers that write nothing need no lock: a duplicate of a call that is
+                # running under a live lease, or one already in doubt. This keeps a burst of
+                # duplicates off the signature's lock.
+                now = self._clock()
+                lease = seen.lease_expires_us
+                if seen.state == EffectState.EXECUTING and lease is not None and lease > now:
+                    raise self._in_progress(seen, now)
+                if seen.state == EffectState.IN_DOUBT:
+                    raise EffectInDoubt(seen.effect_id)
             plan = await self._intercept_locked(
                 org_id,
                 session_id,
@@ -337,6 +347,10 @@ class Engine:
             raise plan.error
         assert plan.decision is not None
         return plan.decision
+
+    def _in_progress(self, effect: EffectRecord, now: int) -> InProgress:
+        remaining_s = math.ceil(((effect.lease_expires_us or now) - now) / 1_000_000)
+        return InProgress(effect.effect_id, max(1, min(self.retry_after_seconds, remaining_s)))
 
     async def _replay(self, effect: EffectRecord, tool: ToolRecord) -> Decision:
         async with self.store.autocommit() as q:
@@ -601,6 +615,7 @@ class Engine:
             attempts=0,
             last_error=None,
             updated_us=registered_us,
+            runner=effect.mode,
         )
 
     async def _apply_existing(
@@ -652,9 +667,8 @@ class Engine:
                 )
             )
         if action is Action.IN_PROGRESS:
-            remaining_s = math.ceil(((effect.lease_expires_us or now) - now) / 1_000_000)
             return _Plan(
-                error=InProgress(effect_id, max(1, min(self.retry_after_seconds, remaining_s)))
+                error=self._in_progress(effect, now)
             )
         if action is Action.MARK_IN_DOUBT:
             check_effect_transition(effect_id, effect.state, EffectState.IN_DOUBT)

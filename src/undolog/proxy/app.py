@@ -16,11 +16,13 @@ from starlette.responses import Response
 import undolog
 from undolog.config import Settings
 from undolog.engine import Engine
+from undolog.engine.saga import Saga
 from undolog.proxy.edge import Edge, KeyResolver
 from undolog.proxy.executor import ToolExecutor
 from undolog.proxy.metrics import ProxyMetrics
 from undolog.proxy.routes import router
 from undolog.proxy.toolcall import tool_call
+from undolog.proxy.undo import router as undo_router
 from undolog.proxy.wire import error_body, json_response
 from undolog.store import Store, open_store
 from undolog_sdk.tier import ToolTier
@@ -56,6 +58,7 @@ class Runtime:
 
     store: Store
     engine: Engine
+    saga: Saga
     executor: ToolExecutor
     metrics: ProxyMetrics
     retry_after_seconds: int
@@ -106,6 +109,7 @@ async def open_runtime(settings: Settings) -> Runtime:
     return Runtime(
         store=store,
         engine=engine,
+        saga=Saga(store, lease_seconds=settings.lease_seconds),
         executor=executor,
         metrics=ProxyMetrics.create(),
         retry_after_seconds=settings.retry_after_seconds,
@@ -146,6 +150,7 @@ def create_app(settings: Settings) -> Any:
         openapi_extra={"requestBody": _TOOL_CALL_BODY},
     )
     api.include_router(router)
+    api.include_router(undo_router)
 
     @api.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -110,13 +110,14 @@ async def rollback_session(id: str, request: Request) -> Response:  # noqa: A002
         body.update(code=info.code, message=info.message)
     if status is RollbackStatus.COMPENSATION_FAILED:
         failed = next((e for e in body["undo_stack"] if e["state"] == "failed"), None)
-        exc = CompensationFailed(
+        gave_up = CompensationFailed(
             failed["fn_name"] if failed else "?",
             failed["max_retries"] if failed else 0,
             error or (failed["last_error"] if failed else "unknown"),
         )
+        body.update(gave_up.fields())
         return json_response(
-            error_body(request_id, exc.code, exc.message, **exc.fields(), **body), exc.http_status
+            error_body(request_id, gave_up.code, gave_up.message, **body), gave_up.http_status
         )
     if status is RollbackStatus.BUSY:
         busy = InProgress(body["next_entry"]["effect_id"], runtime.retry_after_seconds)

@@ -35,7 +35,8 @@ _EFFECT_COLUMNS = (
 )
 _UNDO_COLUMNS = (
     "seq, entry_id, org_id, session_id, effect_id, fn_name, fn_version, args, max_retries, "
-    "retry_backoff_ms, registered_us, state, attempts, last_error, updated_us"
+    "retry_backoff_ms, registered_us, state, attempts, last_error, updated_us, runner, "
+    "lease_expires_us"
 )
 _APPROVAL_COLUMNS = (
     "approval_id, org_id, effect_id, session_id, tool_name, args, status, created_us, "
@@ -60,7 +61,9 @@ _EFFECT_FIELDS = frozenset(
         "updated_us",
     }
 )
-_UNDO_FIELDS = frozenset({"state", "attempts", "last_error", "updated_us", "registered_us"})
+_UNDO_FIELDS = frozenset(
+    {"state", "attempts", "last_error", "updated_us", "registered_us", "lease_expires_us"}
+)
 _APPROVAL_FIELDS = frozenset({"status", "decided_us", "decided_by", "reason", "timeout_us"})
 
 
@@ -342,7 +345,7 @@ class Queries(abc.ABC):
         """Push an entry on its session's undo stack; returns its `seq` (entry.seq is ignored)."""
         row = await self._fetchrow(
             f"INSERT INTO undo_entries ({_UNDO_COLUMNS.split(', ', 1)[1]}) VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
             entry.entry_id,
             entry.org_id,
             entry.session_id,
@@ -357,6 +360,8 @@ class Queries(abc.ABC):
             entry.attempts,
             entry.last_error,
             entry.updated_us,
+            entry.runner,
+            entry.lease_expires_us,
         )
         assert row is not None
         return int(row[0])

@@ -92,6 +92,8 @@ class UndoEntryRecord:
     attempts: int
     last_error: str | None
     updated_us: int
+    runner: str = "proxy"  # who runs the compensation: "proxy" (tool server) or "sdk"
+    lease_expires_us: int | None = None  # while claimed (running): when the claim lapses
 
 
 @dataclass(frozen=True, slots=True)
