@@ -151,5 +151,28 @@ def demo_tools(
     asyncio.run(run_demo_tools(host, port))
 
 
+@app.command()
+def demo(
+    url: str = typer.Option(None, "--url", help="Run against this proxy instead of a private one"),
+    api_key: str = typer.Option(None, "--api-key", help="API key for --url"),
+) -> None:
+    """A scripted agent session: calls, a replay, an approval wait, a failure, a rollback."""
+    from undolog.demo.scenario import demo_main
+
+    view = asyncio.run(demo_main(url, api_key, typer.echo))
+    if view["state"] != "compensated":
+        raise typer.Exit(1)
+
+
+def _add_operator_commands() -> None:
+    from undolog.cli_ops import sessions_app, undo_app
+
+    app.add_typer(sessions_app, name="sessions")
+    app.add_typer(undo_app, name="undo")
+
+
+_add_operator_commands()
+
+
 def main() -> None:
     app()

@@ -92,6 +92,10 @@ INVALID_BODIES = {
     "a float overflowing to infinity in args": raw_args('{"n": 1e400}'),
     "NaN in args": raw_args('{"n": NaN}'),
     "a lone surrogate in args": raw_args('{"s": "\\ud800"}'),
+    "args nested too deeply": raw_args('{"a": ' + "[" * 1000 + "1" + "]" * 1000 + "}"),
+    "args nested too deeply, with a long number": raw_args(
+        '{"a": ' + "[" * 1000 + "12345678901234567890123" + "]" * 1000 + "}"
+    ),
 }
 
 

@@ -667,9 +667,7 @@ class Engine:
                 )
             )
         if action is Action.IN_PROGRESS:
-            return _Plan(
-                error=self._in_progress(effect, now)
-            )
+            return _Plan(error=self._in_progress(effect, now))
         if action is Action.MARK_IN_DOUBT:
             check_effect_transition(effect_id, effect.state, EffectState.IN_DOUBT)
             await q.update_effect(
@@ -752,9 +750,17 @@ class Engine:
 
     # -- commit / fail / resolve ---------------------------------------------------------------
 
-    async def commit(self, org_id: str, effect_id: str, result_json: str) -> EffectRecord:
-        """Record a run's result. Raises `NotFound`, or `NotExecuting` if it is not running."""
-        return await self._finish(org_id, effect_id, EffectState.COMMITTED, result_json, None)
+    async def commit(
+        self, org_id: str, effect_id: str, result_json: str, *, undoable: bool = True
+    ) -> EffectRecord:
+        """Record a run's result. Raises `NotFound`, or `NotExecuting` if it is not running.
+
+        `undoable=False` records a logical failure (the tool ran and said no): it is replayed
+        like any result, but a rollback has nothing to undo, so its undo entry is skipped.
+        """
+        return await self._finish(
+            org_id, effect_id, EffectState.COMMITTED, result_json, None, undoable=undoable
+        )
 
     async def fail(self, org_id: str, effect_id: str, error: str) -> EffectRecord:
         """Record a run's failure; a retry of the call becomes a new attempt."""
@@ -799,6 +805,7 @@ class Engine:
         error: str | None,
         *,
         resolved: bool = False,
+        undoable: bool = True,
     ) -> EffectRecord:
         now = self._clock()
         async with self.store.transaction() as q:
@@ -831,6 +838,9 @@ class Engine:
                 payload["error"] = error
             if resolved:
                 payload["resolved_by"] = "operator"
+            if not undoable:
+                payload["undo"] = "skipped: the tool reported a logical failure"
+                await q.skip_pending_undo_entries(org_id, effect_id, now)
             event = "effect_committed" if target is EffectState.COMMITTED else "effect_failed"
             await q.insert_event(
                 org_id, event, effect.session_id, effect_id, _event_json(payload), now

@@ -221,7 +221,11 @@ async def _execute_upstream(
     if decision.logged:
         try:
             await _with_retries(
-                runtime, "commit", lambda: runtime.engine.commit(org_id, effect_id, result_json)
+                runtime,
+                "commit",
+                lambda: runtime.engine.commit(
+                    org_id, effect_id, result_json, undoable=result.success
+                ),
             )
         except UndoLogError as exc:
             log.error("commit_failed", error=exc.message)

@@ -69,6 +69,8 @@ def loads_exact(body: bytes) -> Any:
         return json.loads(body, parse_constant=_no_constants)
     except ValueError as exc:
         raise JSONDecodeError(str(exc)) from None
+    except RecursionError:  # orjson allows deeper nesting than the standard library
+        raise JSONDecodeError("JSON nested too deeply") from None
 
 
 def iso(us: int | None) -> str | None:

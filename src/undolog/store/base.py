@@ -384,6 +384,16 @@ class Queries(abc.ABC):
         )
         return [_undo(r) for r in rows]
 
+    async def skip_pending_undo_entries(self, org_id: str, effect_id: str, now_us: int) -> int:
+        """Mark an effect's not-yet-run undo entries `skipped` (nothing to undo)."""
+        return await self._execute(
+            "UPDATE undo_entries SET state = 'skipped', updated_us = ? "
+            "WHERE org_id = ? AND effect_id = ? AND state = 'pending'",
+            now_us,
+            org_id,
+            effect_id,
+        )
+
     async def update_undo_entry(
         self, org_id: str, entry_id: str, *, expect_state: str | None = None, **changes: Any
     ) -> bool:

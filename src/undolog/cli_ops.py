@@ -1,0 +1,142 @@
+"""Operator commands that talk to a running proxy: `undolog sessions ...`, `undolog undo ...`.
+
+They use the REST API with the org's API key (`--api-key` / `UNDOLOG_API_KEY`) against
+`--url` / `UNDOLOG_PROXY_URL` (default http://localhost:8080). Tables by default, `--json`
+for machines. Exit codes: 0 done, 1 the proxy refused (its error is printed), 2 bad usage or
+the proxy is unreachable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import orjson
+import typer
+
+__all__ = ["sessions_app", "undo_app"]
+
+sessions_app = typer.Typer(add_completion=False, help="Inspect and roll back sessions.")
+undo_app = typer.Typer(add_completion=False, help="Retry or resolve failed compensations.")
+
+_URL = typer.Option(None, "--url", help="Proxy base URL (env UNDOLOG_PROXY_URL)")
+_KEY = typer.Option(None, "--api-key", help="The org's API key (env UNDOLOG_API_KEY)")
+_JSON = typer.Option(False, "--json", help="Print the raw JSON answer")
+
+
+def _request(
+    method: str, url: str | None, api_key: str | None, path: str, body: Any = None
+) -> Any:
+    base = url or os.environ.get("UNDOLOG_PROXY_URL") or "http://localhost:8080"
+    key = api_key or os.environ.get("UNDOLOG_API_KEY")
+    if not key:
+        typer.echo("error: an API key is needed (--api-key or UNDOLOG_API_KEY)", err=True)
+        raise typer.Exit(2)
+    try:
+        response = httpx.request(
+            method, base.rstrip("/") + path, headers={"X-Api-Key": key}, json=body, timeout=120
+        )
+    except httpx.RequestError as exc:
+        typer.echo(f"error: cannot reach the proxy at {base}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    data = response.json() if response.content else None
+    if response.status_code >= 400 and not (isinstance(data, dict) and "outcome" in data):
+        message = data.get("message") if isinstance(data, dict) else response.text
+        code = data.get("code") if isinstance(data, dict) else response.status_code
+        typer.echo(f"error: {code}: {message}", err=True)
+        raise typer.Exit(1)
+    return data
+
+
+def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
+    cells = [[str("" if v is None else v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(out)
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+
+
+def render_session(data: dict[str, Any]) -> str:
+    """A session as text: its state, the timeline of effects, the undo stack."""
+    lines = [f"session {data['session_id']}  state={data['state']}", "", "effects (step order):"]
+    rows = [
+        [e["step_index"], e["tool_name"], e["tier"], e["state"], e["attempts"],
+         e["replay_count"], e["error"] or ""]
+        for e in data.get("effects", [])
+    ]  # fmt: skip
+    lines.append(_table(rows, ["step", "tool", "tier", "state", "attempts", "replays", "error"]))
+    lines += ["", "undo stack (top first):"]
+    undo = [
+        [u["seq"], u["fn_name"], u["state"], u["attempts"], u["entry_id"], u["last_error"] or ""]
+        for u in data.get("undo_stack", [])
+    ]
+    lines.append(_table(undo, ["seq", "compensation", "state", "attempts", "entry", "error"]))
+    return "\n".join(lines)
+
+
+@sessions_app.command("list")
+def sessions_list(
+    url: str = _URL, api_key: str = _KEY, as_json: bool = _JSON, limit: int = 50
+) -> None:
+    """Sessions of the org, most recently active first."""
+    data = _request("GET", url, api_key, f"/sessions?limit={limit}")
+    if as_json:
+        _print_json(data)
+        return
+    rows = [[s["session_id"], s["state"], s["last_step"], s["updated_at"]] for s in data]
+    typer.echo(_table(rows, ["session", "state", "last step", "updated"]))
+
+
+@sessions_app.command("show")
+def sessions_show(
+    session_id: str, url: str = _URL, api_key: str = _KEY, as_json: bool = _JSON
+) -> None:
+    """A session's effects, undo stack and approvals."""
+    data = _request("GET", url, api_key, f"/sessions/{session_id}")
+    if as_json:
+        _print_json(data)
+        return
+    typer.echo(render_session(data))
+
+
+@sessions_app.command("rollback")
+def sessions_rollback(
+    session_id: str, url: str = _URL, api_key: str = _KEY, as_json: bool = _JSON
+) -> None:
+    """Unwind the session's undo stack, newest first."""
+    data = _request("POST", url, api_key, f"/sessions/{session_id}/rollback")
+    if as_json:
+        _print_json(data)
+    else:
+        typer.echo(f"rollback: {data['outcome']}")
+        if data.get("message"):
+            typer.echo(data["message"])
+        typer.echo(render_session(_request("GET", url, api_key, f"/sessions/{session_id}")))
+    if data["outcome"] not in ("compensated", "empty_undo_stack"):
+        raise typer.Exit(1)
+
+
+@undo_app.command("retry")
+def undo_retry(entry_id: str, url: str = _URL, api_key: str = _KEY) -> None:
+    """Put a failed compensation back on the stack with fresh retries."""
+    data = _request("POST", url, api_key, f"/undo/{entry_id}/retry")
+    typer.echo(f"entry {data['entry_id']} is {data['state']}; run `sessions rollback` to go on")
+
+
+@undo_app.command("resolve")
+def undo_resolve(
+    entry_id: str,
+    note: str = typer.Option(..., "--note", help="What was done by hand"),
+    url: str = _URL,
+    api_key: str = _KEY,
+) -> None:
+    """Mark a failed compensation as handled by hand."""
+    data = _request("POST", url, api_key, f"/undo/{entry_id}/resolve", {"note": note})
+    typer.echo(f"entry {data['entry_id']} is {data['state']}; run `sessions rollback` to go on")
