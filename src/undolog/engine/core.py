@@ -117,7 +117,7 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
-def _session_lock_key(org_id: str, session_id: str) -> str:
+def session_lock_key(org_id: str, session_id: str) -> str:
     return blake3.blake3(f"session\0{org_id}\0{session_id}".encode()).hexdigest()
 
 
@@ -413,7 +413,7 @@ class Engine:
         mode: str,
     ) -> _Plan:
         """A call without a step: a retry of an unfinished identical call, or the next step."""
-        async with self.store.transaction(lock_key=_session_lock_key(org_id, session_id)) as q:
+        async with self.store.transaction(lock_key=session_lock_key(org_id, session_id)) as q:
             now = self._clock()
             session = await q.touch_session(org_id, session_id, 0, now)
             match = await q.find_unfinished_call(

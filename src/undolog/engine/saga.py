@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from undolog.engine.core import check_registered_before_executed
+from undolog.engine.core import check_registered_before_executed, session_lock_key
 from undolog.engine.states import (
     EffectState,
     SessionState,
@@ -148,7 +148,7 @@ class Saga:
     async def begin(self, org_id: str, session_id: str) -> SessionRecord:
         """Move the session to `compensating` (idempotent while it is already there)."""
         now = self._clock()
-        async with self.store.transaction() as q:
+        async with self.store.transaction(lock_key=session_lock_key(org_id, session_id)) as q:
             session = await self._session(q, org_id, session_id)
             if session.state in (SessionState.COMPENSATING, SessionState.COMPENSATED):
                 return session
@@ -171,9 +171,7 @@ class Saga:
             pairs.append((entry, effect))
         return pairs
 
-    async def claim(
-        self, org_id: str, session_id: str, runner: str
-    ) -> Claim | RollbackStatus:
+    async def claim(self, org_id: str, session_id: str, runner: str) -> Claim | RollbackStatus:
         """Claim the top entry for `runner`, or say why there is nothing to claim.
 
         Entries whose forward call never committed are skipped on the way down. When the
@@ -181,7 +179,9 @@ class Saga:
         """
         if runner not in ("proxy", "sdk"):
             raise InvalidRequest("runner must be 'proxy' or 'sdk'")
-        async with self.store.transaction(lock_key=None) as q:
+        # The session's lock: two runners (two proxy processes, or a proxy and an SDK) claiming
+        # at once take turns, and the second sees the first's claim.
+        async with self.store.transaction(lock_key=session_lock_key(org_id, session_id)) as q:
             session = await self._session(q, org_id, session_id)
             if session.state == SessionState.COMPENSATED:
                 return RollbackStatus.COMPENSATED
@@ -193,7 +193,9 @@ class Saga:
                 step = plan_next(stack, runner, now)
                 if step.kind in (StepKind.SKIP, StepKind.SETTLE):
                     assert step.entry is not None
-                    target = UndoState.SKIPPED if step.kind is StepKind.SKIP else UndoState.COMPENSATED
+                    target = (
+                        UndoState.SKIPPED if step.kind is StepKind.SKIP else UndoState.COMPENSATED
+                    )
                     await q.update_undo_entry(
                         org_id, step.entry.entry_id, state=target.value, updated_us=now,
                         lease_expires_us=None,
