@@ -93,7 +93,7 @@ async def run(session: UndoLogSession, *, wait: bool) -> int:
             )
             if not wait:
                 say(f"stopping; once approved, rerun with UNDOLOG_SESSION_ID={session.session_id}")
-                return 2
+                raise  # leaving the session block this way keeps the session open
             await asyncio.sleep(waiting.retry_after or 5)
             continue
         say(f"delete_customer_data -> {json.dumps(deleted)}")
@@ -108,6 +108,8 @@ async def main() -> int:
     try:
         async with session:
             return await run(session, wait=os.environ.get("AGENT_WAIT") == "1")
+    except AwaitingApprovalError:
+        return 2
     finally:
         await client.aclose()
 

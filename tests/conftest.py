@@ -49,7 +49,7 @@ def pg_url() -> Iterator[str]:
     name = f"undolog_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     try:
         asyncio.run(_create_database(admin, name))
-    except (OSError, asyncpg.PostgresError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
         message = f"PostgreSQL not reachable at {admin}: {exc}"
         if os.environ.get("CI"):
             pytest.fail(message + " (CI must run the Postgres tests)")

@@ -26,9 +26,7 @@ _KEY = typer.Option(None, "--api-key", help="The org's API key (env UNDOLOG_API_
 _JSON = typer.Option(False, "--json", help="Print the raw JSON answer")
 
 
-def _request(
-    method: str, url: str | None, api_key: str | None, path: str, body: Any = None
-) -> Any:
+def _request(method: str, url: str | None, api_key: str | None, path: str, body: Any = None) -> Any:
     base = url or os.environ.get("UNDOLOG_PROXY_URL") or "http://localhost:8080"
     key = api_key or os.environ.get("UNDOLOG_API_KEY")
     if not key:

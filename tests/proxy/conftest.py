@@ -33,11 +33,11 @@ class ProxyHarness:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def client(self, api_key: str | None = None, **kwargs: Any) -> httpx.Client:
-        headers = {"X-Api-Key": api_key or self.api_key}
+        headers = {"X-Api-Key": api_key or self.api_key, **kwargs.pop("headers", {})}
         return httpx.Client(base_url=self.url, headers=headers, timeout=30, **kwargs)
 
     def async_client(self, api_key: str | None = None, **kwargs: Any) -> httpx.AsyncClient:
-        headers = {"X-Api-Key": api_key or self.api_key}
+        headers = {"X-Api-Key": api_key or self.api_key, **kwargs.pop("headers", {})}
         limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
         return httpx.AsyncClient(
             base_url=self.url, headers=headers, timeout=30, limits=limits, **kwargs
@@ -95,7 +95,8 @@ def proxy_factory(store_url: str, demo_upstream: ThreadServer) -> Iterator[Any]:
     def start(**overrides: Any) -> ProxyHarness:
         org_id, key = _new_org()
         orgs = (OrgConfig(org_id=org_id, api_key_hashes=(hash_api_key(key),)),)
-        settings = make_settings(store_url, demo_upstream.url, orgs, **overrides)
+        upstream = overrides.pop("upstream_url", demo_upstream.url)
+        settings = make_settings(store_url, upstream, orgs, **overrides)
         server = ThreadServer(create_app(settings)).start()
         started.append(server)
         harness = ProxyHarness(server.url, demo_upstream.url, store_url, org_id, key, settings)

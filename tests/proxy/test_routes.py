@@ -227,11 +227,6 @@ def test_an_in_doubt_effect_resolved_as_committed_is_replayed(
     assert short_lease_proxy.counters("send_email") == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: Engine.resolve passes 'resolved as failed by an operator' as the "
-    "error of a committed resolution too",
-)
 def test_an_in_doubt_effect_resolved_as_committed_carries_no_error(
     short_lease_proxy: ProxyHarness,
 ) -> None:

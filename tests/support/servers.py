@@ -42,9 +42,10 @@ def wait_until(
 
 
 async def await_until(
-    predicate: Callable[[], Any], *, timeout: float = 15.0, what: str = "condition"
+    predicate: Callable[[], Any], *, within: float = 15.0, what: str = "condition"
 ) -> None:
     """Async twin of `wait_until`; `predicate` may be a coroutine function."""
+    timeout = within
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

@@ -72,6 +72,13 @@ def _typed_class(base: type[_errors.UndoLogError]) -> type[ProxyError]:
     return cls
 
 
+# Body keys never copied onto the exception: ours, and httpx's own attributes.
+_RESERVED_FIELDS = frozenset(
+    {"code", "message", "request_id", "timestamp", "retry_after", "body", "request", "response",
+     "args", "with_traceback", "add_note"}
+)  # fmt: skip
+
+
 def _raise_for_error(response: httpx.Response) -> None:
     """Turn a proxy error answer into a typed `ProxyError`."""
     try:
@@ -93,7 +100,7 @@ def _raise_for_error(response: httpx.Response) -> None:
     exc.body = body
     # The structured fields of the matching UndoLogError (effect_id, approval_id, ...).
     for name, value in body.items():
-        if name not in ("code", "message", "request_id", "timestamp", "retry_after"):
+        if name not in _RESERVED_FIELDS and name.isidentifier():
             setattr(exc, name, value)
     raise exc
 
@@ -214,6 +221,44 @@ class UndoLogClient:
         if response.status_code >= 400:
             _raise_for_error(response)
         self._registered.add((org_id, tool_name))
+
+    async def _call(
+        self, method: str, path: str, org_id: str, body: Any = None, *, outcome: bool = False
+    ) -> Any:
+        """One REST call; an error answer raises, unless `outcome` and it reports one."""
+        response = await self._http.request(method, path, json=body, headers=self._headers(org_id))
+        if response.status_code >= 400:
+            data = response.json() if outcome else None
+            if not (isinstance(data, dict) and "outcome" in data):
+                _raise_for_error(response)
+        return response.json()
+
+    async def rollback_session(self, org_id: str, session_id: str) -> dict[str, Any]:
+        """Ask the proxy to unwind the session (`POST /sessions/{id}/rollback`).
+
+        Returns the answer body whatever its outcome (`compensated`, `empty_undo_stack`,
+        `waiting_for_runner`, `compensation_failed`, `busy`, `blocked`).
+        """
+        data: dict[str, Any] = await self._call(
+            "POST", f"/sessions/{session_id}/rollback", org_id, outcome=True
+        )
+        return data
+
+    async def complete_session(self, org_id: str, session_id: str) -> None:
+        """Mark the session completed (`POST /sessions/{id}/complete`)."""
+        await self._call("POST", f"/sessions/{session_id}/complete", org_id)
+
+    async def claim_undo(self, org_id: str, entry_id: str) -> dict[str, Any]:
+        """Claim an undo entry the SDK runs (`POST /undo/{entry}/claim`)."""
+        data: dict[str, Any] = await self._call("POST", f"/undo/{entry_id}/claim", org_id)
+        return data
+
+    async def complete_undo(self, org_id: str, entry_id: str) -> None:
+        await self._call("POST", f"/undo/{entry_id}/complete", org_id)
+
+    async def fail_undo(self, org_id: str, entry_id: str, error: str) -> None:
+        """Report one failed attempt; the last one raises `CompensationFailed`."""
+        await self._call("POST", f"/undo/{entry_id}/fail", org_id, {"error": error})
 
     async def aclose(self) -> None:
         """Close the underlying HTTP client (only if this client created it)."""

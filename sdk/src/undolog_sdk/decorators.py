@@ -128,7 +128,10 @@ def undolog_tool(
             args: tuple[Any, ...],
             kwargs: dict[str, Any],
         ) -> Any:
-            c = client or _get_default_client()
+            c = client or session.client or _get_default_client()
+            if session.client is None:
+                session.client = c
+            session._used = True
             # The step is taken before the first await, so calls started together (gather)
             # get their steps in the order they were started, on every run of the agent.
             step = session.next_step()

@@ -93,7 +93,9 @@ async def run_scenario(proxy_url: str, api_key: str, echo: Echo) -> dict[str, An
             detail = ""
             if isinstance(data.get("result"), dict):
                 result = data["result"]
-                detail = f"-> {result.get('output') if result.get('success') else result.get('error')}"
+                detail = (
+                    f"-> {result.get('output') if result.get('success') else result.get('error')}"
+                )
             elif data.get("approval_id"):
                 detail = f"-> approval {data['approval_id']} (a person must approve it)"
             if len(detail) > 90:

@@ -507,8 +507,8 @@ def create_demo_tools_app(state: DemoToolState | None = None) -> Starlette:
 
     Returns:
         The Starlette app: `POST /tools/{name}` plus the inspection and control routes
-        (`/health`, `/counters`, `/counters/{tool}`, `/executions/{tool}`, `/calls`, `/state`, `PUT /balances/{account}`,
-        `POST /reset`).
+        (`/health`, `/counters`, `/counters/{tool}`, `/executions/{tool}`, `/calls`, `/state`,
+        `PUT /balances/{account}`, `POST /reset`).
     """
     app = Starlette(
         routes=[

@@ -24,7 +24,6 @@ from undolog.engine.states import (
     REPLAYABLE_STATES,
     ApprovalStatus,
     EffectState,
-    SessionState,
     UndoState,
     check_effect_transition,
 )
@@ -792,7 +791,9 @@ class Engine:
             effect_id,
             target,
             result_json,
-            error or "resolved as failed by an operator",
+            None
+            if target is EffectState.COMMITTED
+            else error or "resolved as failed by an operator",
             resolved=True,
         )
 

@@ -213,6 +213,11 @@ class Saga:
                     assert step.entry is not None and step.effect is not None
                     return await self._claim_entry(q, step.entry, step.effect, now)
                 if step.kind is StepKind.FAILED:
+                    # A rerun before an operator acted: `begin` reopened the session, but the
+                    # failed entry still stops the unwinding, so the session stays failed too.
+                    await q.update_session(
+                        org_id, session_id, now, state=SessionState.COMPENSATION_FAILED
+                    )
                     return RollbackStatus.COMPENSATION_FAILED
                 return {
                     StepKind.BUSY: RollbackStatus.BUSY,

@@ -32,7 +32,8 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-PUBLIC_PREFIXES = ("/openapi.json", "/docs", "/ui")
+PUBLIC_PATHS = frozenset({"/openapi.json"})
+PUBLIC_PREFIXES = ("/ui/",)  # the dashboard's static files; its data comes from the API
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -145,7 +146,7 @@ class Edge:
         try:
             if scope["method"] in _BODY_METHODS:
                 receive = await self._bounded_body(scope, receive)
-            if not path.startswith(PUBLIC_PREFIXES):
+            if not (path in PUBLIC_PATHS or path == "/ui" or path.startswith(PUBLIC_PREFIXES)):
                 scope["state"]["org_id"] = await self._authenticate(scope)
         except UndoLogError as exc:
             # `send` is the wrapper that adds the X-Request-Id header: not a second one here.

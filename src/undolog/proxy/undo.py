@@ -95,7 +95,7 @@ async def _rollback_body(runtime: Runtime, org_id: str, session_id: str) -> dict
 
 
 @router.post("/sessions/{id}/rollback")
-async def rollback_session(id: str, request: Request) -> Response:  # noqa: A002
+async def rollback_session(id: str, request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     org_id: str = request.state.org_id
     request_id: str = request.state.request_id
@@ -135,7 +135,7 @@ async def rollback_session(id: str, request: Request) -> Response:  # noqa: A002
 
 
 @router.post("/sessions/{id}/complete")
-async def complete_session(id: str, request: Request) -> Response:  # noqa: A002
+async def complete_session(id: str, request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     try:
         session = await runtime.saga.complete_session(request.state.org_id, id)
@@ -155,7 +155,7 @@ async def _note(request: Request, field: str, *, required: bool) -> str | None:
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"invalid JSON body: {exc}") from None
     value = data.get(field) if isinstance(data, dict) else None
-    if value is None and required or value is not None and not isinstance(value, str):
+    if (value is None and required) or (value is not None and not isinstance(value, str)):
         raise InvalidRequest(f"'{field}' must be a string")
     return value
 

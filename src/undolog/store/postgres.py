@@ -93,7 +93,7 @@ class PostgresStore(Store):
             pool = await asyncpg.create_pool(
                 dsn, min_size=min_size, max_size=max_size, command_timeout=60
             )
-        except (*_DRIVER_ERRORS, asyncio.TimeoutError) as exc:
+        except (TimeoutError, *_DRIVER_ERRORS) as exc:
             raise Database(f"cannot connect to PostgreSQL: {exc}") from exc
         assert pool is not None
         return cls(pool, lock_max_attempts=lock_max_attempts, lock_retry_ms=lock_retry_ms)

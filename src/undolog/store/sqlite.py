@@ -107,20 +107,16 @@ class SqliteStore(Store):
             try:
                 yield _SqliteQueries(conn)
             except BaseException as exc:
-                try:
+                with suppress(sqlite3.Error):
                     await conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
                 if isinstance(exc, sqlite3.Error):
                     raise Database(str(exc)) from exc
                 raise
             try:
                 await conn.execute("COMMIT")
             except sqlite3.Error as exc:
-                try:
+                with suppress(sqlite3.Error):
                     await conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
                 raise Database(str(exc)) from exc
 
     @asynccontextmanager
