@@ -45,6 +45,9 @@ def serve(
     lock_retry_ms: int = typer.Option(None, help="Delay between advisory lock attempts"),
     max_body_bytes: int = typer.Option(None, help="Largest request body accepted"),
     retry_after_seconds: int = typer.Option(None, help="retry_after hint for waiting calls"),
+    approval_sweep_seconds: float = typer.Option(
+        None, help="How often expired approvals are swept (env UNDOLOG_APPROVAL_SWEEP_SECONDS)"
+    ),
     commit_retry_attempts: int = typer.Option(
         None, help="Attempts of Commit/Fail on transient store errors"
     ),

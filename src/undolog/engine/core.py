@@ -70,6 +70,12 @@ _UNFINISHED_STATES = (
 )
 
 
+# Effect states whose approval the decision needs (its id, status and reason).
+_APPROVAL_STATES = frozenset(
+    {EffectState.AWAITING_APPROVAL, EffectState.REJECTED, EffectState.TIMED_OUT}
+)
+
+
 class Outcome(enum.Enum):
     """The three answers of intercept (names as in the SDK reference)."""
 
@@ -116,8 +122,13 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
+def lock_key(*parts: str) -> str:
+    """A lock key (hex, as call signatures are) for anything that is not a call."""
+    return blake3.blake3("\0".join(parts).encode()).hexdigest()
+
+
 def session_lock_key(org_id: str, session_id: str) -> str:
-    return blake3.blake3(f"session\0{org_id}\0{session_id}".encode()).hexdigest()
+    return lock_key("session", org_id, session_id)
 
 
 def _event_json(payload: dict[str, Any]) -> str:
@@ -459,7 +470,7 @@ class Engine:
         org_id, session_id = session.org_id, session.session_id
         for _ in range(2):  # a second round only after losing an insert race
             approval = None
-            if existing is not None and existing.state == EffectState.AWAITING_APPROVAL:
+            if existing is not None and existing.state in _APPROVAL_STATES:
                 approval = await q.get_approval_for_effect(org_id, existing.effect_id)
             now = self._clock()
             action = decide(
@@ -482,7 +493,7 @@ class Engine:
                 continue
             if existing is None:  # only SESSION_CLOSED leaves decide() without a row
                 return _Plan(error=SessionClosed(session_id, session.state))
-            return await self._apply_existing(q, action, tool, existing, approval, now)
+            return await self.apply_action(q, action, tool, existing, approval, now)
         raise DuplicateSignature(signature)
 
     async def _insert_new(
@@ -617,7 +628,7 @@ class Engine:
             runner=effect.mode,
         )
 
-    async def _apply_existing(
+    async def apply_action(
         self,
         q: Queries,
         action: Action,

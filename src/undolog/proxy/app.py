@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,7 +17,10 @@ from starlette.responses import Response
 import undolog
 from undolog.config import Settings
 from undolog.engine import Engine
+from undolog.engine.approvals import Approvals
 from undolog.engine.saga import Saga
+from undolog.proxy.approvals import router as approvals_router
+from undolog.proxy.approvals import sweep_forever
 from undolog.proxy.edge import Edge, KeyResolver
 from undolog.proxy.executor import ToolExecutor
 from undolog.proxy.metrics import ProxyMetrics
@@ -59,6 +63,7 @@ class Runtime:
     store: Store
     engine: Engine
     saga: Saga
+    approvals: Approvals
     executor: ToolExecutor
     metrics: ProxyMetrics
     retry_after_seconds: int
@@ -110,6 +115,7 @@ async def open_runtime(settings: Settings) -> Runtime:
         store=store,
         engine=engine,
         saga=Saga(store, lease_seconds=settings.lease_seconds),
+        approvals=Approvals(engine),
         executor=executor,
         metrics=ProxyMetrics.create(),
         retry_after_seconds=settings.retry_after_seconds,
@@ -129,9 +135,13 @@ def create_app(settings: Settings) -> Any:
         runtime.metrics = metrics
         metrics_holder["runtime"] = runtime
         app.state.runtime = runtime
+        sweeper = asyncio.create_task(sweep_forever(runtime, settings.approval_sweep_seconds))
         try:
             yield
         finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
             await runtime.executor.close()
             await runtime.store.close()
 
@@ -151,6 +161,7 @@ def create_app(settings: Settings) -> Any:
     )
     api.include_router(router)
     api.include_router(undo_router)
+    api.include_router(approvals_router)
 
     @api.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -160,6 +171,17 @@ def create_app(settings: Settings) -> Any:
             detail = f"method {request.method} is not allowed on {request.url.path}"
         return json_response(
             error_body(request.state.request_id, code, detail), exc.status_code, exc.headers
+        )
+
+    @api.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> Response:
+        # A bug: answer with the error body (and the request id to find it in the logs).
+        structlog.get_logger("undolog.proxy").exception(
+            "unhandled_error", request_id=request.state.request_id, path=request.url.path
+        )
+        return json_response(
+            error_body(request.state.request_id, "internal_error", f"Internal error: {exc!r}"),
+            500,
         )
 
     @api.exception_handler(RequestValidationError)

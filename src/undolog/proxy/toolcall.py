@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -39,7 +40,7 @@ from undolog_sdk.errors import (
 if TYPE_CHECKING:
     from undolog.proxy.app import Runtime
 
-__all__ = ["parse_tool_call", "tool_call"]
+__all__ = ["Execution", "execute_decision", "parse_tool_call", "tool_call"]
 
 T = TypeVar("T")
 
@@ -177,18 +178,32 @@ async def tool_call(request: Request) -> Response:
             200,
             headers,
         )
-    return await _execute_upstream(runtime, decision, args, session_id, request_id, log, headers)
+    execution = await execute_decision(runtime, decision, args, session_id, request_id, log)
+    if execution.error is not None:
+        return error_response(request_id, execution.error)
+    body = b'{"status":"executed","effect_id":"%s","result":%s}' % (
+        decision.effect_id.encode(),
+        (execution.result_json or "null").encode(),
+    )
+    return Response(body, media_type=JSON_TYPE, headers=headers)
 
 
-async def _execute_upstream(
-    runtime: Runtime,
-    decision: Decision,
-    args: Any,
-    session_id: str,
-    request_id: str,
-    log: Any,
-    headers: dict[str, str] | None,
-) -> Response:
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """How a run went: committed with `result_json`, or not, with the error to answer."""
+
+    result_json: str | None
+    error: UndoLogError | None
+
+
+async def execute_decision(
+    runtime: Runtime, decision: Decision, args: Any, session_id: str, request_id: str, log: Any
+) -> Execution:
+    """Run an Execute decision on the upstream, then commit it (or fail it).
+
+    Commit/Fail are retried on transient store errors. A transport failure fails the effect
+    and yields `ToolError`; a commit that cannot be recorded yields `CommitFailed`.
+    """
     org_id = decision.tool.org_id
     effect_id = decision.effect_id
     log = log.bind(effect_id=effect_id, tool_name=decision.tool.name)
@@ -213,7 +228,7 @@ async def _execute_upstream(
                 )
             except UndoLogError as fail_exc:
                 log.error("fail_not_recorded", error=fail_exc.message)
-        return error_response(request_id, ToolError(message))
+        return Execution(None, ToolError(message))
     runtime.metrics.executor_duration.labels("success" if result.success else "failure").observe(
         time.perf_counter() - started
     )
@@ -229,9 +244,5 @@ async def _execute_upstream(
             )
         except UndoLogError as exc:
             log.error("commit_failed", error=exc.message)
-            return error_response(request_id, CommitFailed(exc.message))
-    body = b'{"status":"executed","effect_id":"%s","result":%s}' % (
-        effect_id.encode(),
-        result_json.encode(),
-    )
-    return Response(body, media_type=JSON_TYPE, headers=headers)
+            return Execution(None, CommitFailed(exc.message))
+    return Execution(result_json, None)

@@ -120,9 +120,9 @@ async def rollback_session(id: str, request: Request) -> Response:
             error_body(request_id, gave_up.code, gave_up.message, **body), gave_up.http_status
         )
     if status is RollbackStatus.BUSY:
-        busy = InProgress(body["next_entry"]["effect_id"], runtime.retry_after_seconds)
+        # No entry is named: the other runner may have finished it since we looked.
         return json_response(
-            error_body(request_id, busy.code, "another runner is compensating this session",
+            error_body(request_id, InProgress.code, "another runner is compensating this session",
                        retry_after=runtime.retry_after_seconds, **body),
             409, {"Retry-After": str(runtime.retry_after_seconds)},
         )  # fmt: skip

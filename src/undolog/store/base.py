@@ -474,6 +474,24 @@ class Queries(abc.ABC):
         )
         return [_approval(r) for r in rows]
 
+    # Row locks for the sweeper: PostgreSQL skips rows another instance holds; SQLite's
+    # single writer already serialises sweepers.
+    _SKIP_LOCKED = ""
+
+    async def claim_expired_approvals(self, now_us: int, limit: int = 100) -> list[ApprovalRecord]:
+        """Pending approvals of every org whose timeout has passed, oldest deadline first.
+
+        Inside a transaction on PostgreSQL the rows stay locked (`FOR UPDATE SKIP LOCKED`)
+        until it ends, so two instances never sweep the same approval.
+        """
+        rows = await self._fetch(
+            f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE status = 'pending' "
+            f"AND timeout_us <= ? ORDER BY timeout_us, approval_id LIMIT ?{self._SKIP_LOCKED}",
+            now_us,
+            limit,
+        )
+        return [_approval(r) for r in rows]
+
     async def update_approval(
         self, org_id: str, approval_id: str, *, expect_status: str | None = None, **changes: Any
     ) -> bool:

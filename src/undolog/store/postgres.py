@@ -51,6 +51,8 @@ _DRIVER_ERRORS = (
 
 
 class _PostgresQueries(Queries):
+    _SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
+
     def __init__(self, conn: asyncpg.Connection) -> None:
         self._conn = conn
 

@@ -1,0 +1,269 @@
+"""Human decisions on IRREVERSIBLE calls: approve, reject, and the timeout sweep.
+
+A decision is one transaction that moves the approval out of `pending` only if it is still
+there (`UPDATE ... WHERE status = 'pending'`), so of two people clicking at once on two proxy
+processes exactly one wins and the other gets `ApprovalAlreadyResolved`. Approving a
+proxy-executed call also moves its effect to `executing` in that transaction: the caller (the
+proxy) then runs the tool once and commits it. An SDK-executed call stays `awaiting_approval`
+with its approval approved; the agent's retry gets Execute. Rejecting halts the session.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+
+from undolog.engine.core import Decision, Engine, lock_key
+from undolog.engine.decide import Action
+from undolog.engine.states import ApprovalStatus, EffectState, SessionState
+from undolog.store.base import Queries
+from undolog.store.records import ApprovalRecord, EffectRecord
+from undolog_sdk.errors import (
+    ApprovalAlreadyResolved,
+    ApprovalTimedOut,
+    InvalidRequest,
+    NotFound,
+    SessionClosed,
+)
+
+__all__ = ["LISTABLE_STATUSES", "Approvals", "DecisionResult", "Verdict"]
+
+LISTABLE_STATUSES = frozenset(s.value for s in ApprovalStatus)
+MAX_TEXT = 2000
+
+
+class Verdict(enum.Enum):
+    APPROVE = "approve"
+    REJECT = "reject"
+
+
+@dataclass(frozen=True)
+class DecisionResult:
+    """What a decision did. `run` is set when the caller must now run the tool (proxy mode)."""
+
+    approval: ApprovalRecord
+    effect: EffectRecord
+    run: Decision | None = None
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _clean_text(value: str | None, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest(f"'{name}' must be a string")
+    if len(value) > MAX_TEXT:
+        raise InvalidRequest(f"'{name}' is longer than {MAX_TEXT} characters")
+    return value.replace("\x00", "\ufffd")
+
+
+class Approvals:
+    """Decisions and the sweep, on top of the engine (which starts approved executions)."""
+
+    def __init__(self, engine: Engine, *, clock_us: Callable[[], int] = _now_us) -> None:
+        self.engine = engine
+        self.store = engine.store
+        self._clock = clock_us
+
+    async def list_approvals(
+        self, org_id: str, status: str | None = "pending", limit: int = 100
+    ) -> list[ApprovalRecord]:
+        if status is not None and status not in LISTABLE_STATUSES:
+            raise InvalidRequest(
+                f"invalid state {status!r}: one of {', '.join(sorted(LISTABLE_STATUSES))}"
+            )
+        async with self.store.reader() as q:
+            return await q.list_approvals(org_id, status, limit)
+
+    async def get(self, org_id: str, approval_id: str) -> ApprovalRecord:
+        async with self.store.reader() as q:
+            approval = await q.get_approval(org_id, approval_id)
+        if approval is None:
+            raise NotFound(f"approval '{approval_id}' not found")
+        return approval
+
+    async def decide(
+        self,
+        org_id: str,
+        approval_id: str,
+        verdict: Verdict,
+        *,
+        reason: str | None = None,
+        decided_by: str | None = None,
+    ) -> DecisionResult:
+        """Approve or reject a pending approval.
+
+        Raises:
+            NotFound: no such approval in this org.
+            ApprovalAlreadyResolved: it was decided already (by a person or by the sweep).
+            ApprovalTimedOut: its deadline passed before this decision.
+            SessionClosed: approving a call whose session no longer runs.
+        """
+        reason = _clean_text(reason, "reason")
+        decided_by = _clean_text(decided_by, "decided_by")
+        async with self.store.transaction(lock_key=lock_key("approval", org_id, approval_id)) as q:
+            outcome = await self._decide(q, org_id, approval_id, verdict, reason, decided_by)
+        if isinstance(outcome, Exception):  # raised only now, so the expiry it found is kept
+            raise outcome
+        return outcome
+
+    async def _decide(
+        self,
+        q: Queries,
+        org_id: str,
+        approval_id: str,
+        verdict: Verdict,
+        reason: str | None,
+        decided_by: str | None,
+    ) -> DecisionResult | Exception:
+        now = self._clock()
+        approval = await q.get_approval(org_id, approval_id)
+        if approval is None:
+            raise NotFound(f"approval '{approval_id}' not found")
+        if approval.status != ApprovalStatus.PENDING:
+            if approval.status == ApprovalStatus.TIMED_OUT:
+                raise ApprovalTimedOut(approval_id)
+            raise ApprovalAlreadyResolved(approval_id)
+        effect = await q.get_effect(org_id, approval.effect_id)
+        assert effect is not None
+        if approval.timeout_us <= now:  # expired, not yet swept: the policy decides first
+            expired = await self._expire(q, approval, effect, now)
+            if expired.approval.status == ApprovalStatus.TIMED_OUT:
+                return ApprovalTimedOut(approval_id)
+            return ApprovalAlreadyResolved(approval_id)
+        if verdict is Verdict.REJECT:
+            return await self._reject(q, approval, effect, now, reason, decided_by)
+        session = await q.get_session(org_id, approval.session_id)
+        if session is None or session.state != SessionState.ACTIVE:
+            raise SessionClosed(approval.session_id, session.state if session else "?")
+        return await self._approve(
+            q, approval, effect, ApprovalStatus.APPROVED, now, reason, decided_by
+        )
+
+    async def _approve(
+        self,
+        q: Queries,
+        approval: ApprovalRecord,
+        effect: EffectRecord,
+        status: ApprovalStatus,
+        now: int,
+        reason: str | None,
+        decided_by: str | None,
+    ) -> DecisionResult:
+        changed = await q.update_approval(
+            approval.org_id, approval.approval_id, expect_status=ApprovalStatus.PENDING.value,
+            status=status.value, decided_us=now, decided_by=decided_by, reason=reason,
+        )  # fmt: skip
+        if not changed:
+            raise ApprovalAlreadyResolved(approval.approval_id)
+        await q.insert_event(
+            approval.org_id, "approval_approved", approval.session_id, approval.effect_id,
+            orjson.dumps({"approval_id": approval.approval_id, "status": status.value,
+                          "tool_name": approval.tool_name, "decided_by": decided_by,
+                          "reason": reason}).decode(),
+            now,
+        )  # fmt: skip
+        decided = await q.get_approval(approval.org_id, approval.approval_id)
+        assert decided is not None
+        run = None
+        if effect.mode == "proxy":
+            tool = await q.get_tool(approval.org_id, effect.tool_name)
+            if tool is None:  # unregistered since: nothing can run; the effect stays waiting
+                return DecisionResult(decided, effect)
+            plan = await self.engine.apply_action(
+                q, Action.EXECUTE_APPROVED, tool, effect, decided, now
+            )
+            run = plan.decision
+        moved = await q.get_effect(approval.org_id, approval.effect_id)
+        assert moved is not None
+        return DecisionResult(decided, moved, run)
+
+    async def _reject(
+        self,
+        q: Queries,
+        approval: ApprovalRecord,
+        effect: EffectRecord,
+        now: int,
+        reason: str | None,
+        decided_by: str | None,
+    ) -> DecisionResult:
+        changed = await q.update_approval(
+            approval.org_id, approval.approval_id, expect_status=ApprovalStatus.PENDING.value,
+            status=ApprovalStatus.REJECTED.value, decided_us=now, decided_by=decided_by,
+            reason=reason,
+        )  # fmt: skip
+        if not changed:
+            raise ApprovalAlreadyResolved(approval.approval_id)
+        await self._close_effect(q, effect, EffectState.REJECTED, now)
+        session = await q.get_session(approval.org_id, approval.session_id)
+        if session is not None and session.state == SessionState.ACTIVE:
+            await q.update_session(
+                approval.org_id, approval.session_id, now, state=SessionState.HALTED
+            )
+        await q.insert_event(
+            approval.org_id, "approval_rejected", approval.session_id, approval.effect_id,
+            orjson.dumps({"approval_id": approval.approval_id, "tool_name": approval.tool_name,
+                          "decided_by": decided_by, "reason": reason}).decode(),
+            now,
+        )  # fmt: skip
+        decided = await q.get_approval(approval.org_id, approval.approval_id)
+        moved = await q.get_effect(approval.org_id, approval.effect_id)
+        assert decided is not None and moved is not None
+        return DecisionResult(decided, moved)
+
+    async def _close_effect(
+        self, q: Queries, effect: EffectRecord, target: EffectState, now: int
+    ) -> None:
+        await q.update_effect(
+            effect.org_id, effect.effect_id, expect_state=EffectState.AWAITING_APPROVAL.value,
+            state=target.value, finished_us=now, updated_us=now,
+        )  # fmt: skip
+
+    async def _expire(
+        self, q: Queries, approval: ApprovalRecord, effect: EffectRecord, now: int
+    ) -> DecisionResult:
+        """Apply the org's timeout policy to one expired approval."""
+        org = await q.get_org(approval.org_id)
+        if org is not None and org.auto_approve_on_timeout:
+            session = await q.get_session(approval.org_id, approval.session_id)
+            if session is not None and session.state == SessionState.ACTIVE:
+                return await self._approve(
+                    q, approval, effect, ApprovalStatus.AUTO_APPROVED, now,
+                    "approval timed out; the org auto-approves", "policy",
+                )  # fmt: skip
+        changed = await q.update_approval(
+            approval.org_id, approval.approval_id, expect_status=ApprovalStatus.PENDING.value,
+            status=ApprovalStatus.TIMED_OUT.value, decided_us=now, decided_by="policy",
+            reason="approval timed out",
+        )  # fmt: skip
+        if changed:
+            await self._close_effect(q, effect, EffectState.TIMED_OUT, now)
+            await q.insert_event(
+                approval.org_id, "approval_timed_out", approval.session_id, approval.effect_id,
+                orjson.dumps({"approval_id": approval.approval_id,
+                              "tool_name": approval.tool_name}).decode(),
+                now,
+            )  # fmt: skip
+        decided = await q.get_approval(approval.org_id, approval.approval_id)
+        moved = await q.get_effect(approval.org_id, approval.effect_id)
+        assert decided is not None and moved is not None
+        return DecisionResult(decided, moved)
+
+    async def sweep(self, limit: int = 100) -> list[DecisionResult]:
+        """Time out (or auto-approve) every expired pending approval, once across instances."""
+        async with self.store.transaction() as q:
+            now = self._clock()
+            results = []
+            for approval in await q.claim_expired_approvals(now, limit):
+                effect = await q.get_effect(approval.org_id, approval.effect_id)
+                if effect is None:  # pragma: no cover - a foreign key guarantees it
+                    continue
+                results.append(await self._expire(q, approval, effect, now))
+            return results

@@ -1,0 +1,163 @@
+"""`/approvals`: list, approve, reject — and the background sweep of expired approvals.
+
+Approving a proxy-executed call runs it upstream right away, once, and answers with
+`execution: committed` and the result (or `failed` and the error). Approving an SDK-executed
+call answers `execution: awaiting_agent`: the agent's retry of the call runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from undolog.engine.approvals import DecisionResult, Verdict
+from undolog.proxy.toolcall import execute_decision
+from undolog.proxy.wire import approval_json, error_response, json_response
+from undolog_sdk.errors import InvalidRequest, UndoLogError
+
+if TYPE_CHECKING:
+    from undolog.proxy.app import Runtime
+
+__all__ = ["router", "sweep_forever"]
+
+router = APIRouter()
+DEFAULT_LIMIT = 100
+
+
+def reference_approval(record: Any) -> dict[str, Any]:
+    """An approval as the REST reference lists it (`args` as the raw JSON's bytes), plus
+    readable extras (`arguments`, times, who decided and why)."""
+    body = approval_json(record)
+    body["arguments"] = body.pop("args")
+    body["args"] = list(record.args_json.encode("utf-8"))
+    return body
+
+
+@router.get("/approvals")
+async def list_approvals(request: Request) -> Response:
+    runtime: Runtime = request.app.state.runtime
+    state = request.query_params.get("state", "pending")
+    try:
+        limit = int(request.query_params.get("limit", DEFAULT_LIMIT))
+    except ValueError:
+        limit = DEFAULT_LIMIT
+    if not 1 <= limit <= 500:
+        limit = DEFAULT_LIMIT
+    try:
+        records = await runtime.approvals.list_approvals(request.state.org_id, state, limit)
+    except UndoLogError as exc:
+        return error_response(request.state.request_id, exc)
+    return json_response([reference_approval(r) for r in records])
+
+
+@router.get("/approvals/{id}")
+async def get_approval(id: str, request: Request) -> Response:  # noqa: A002
+    runtime: Runtime = request.app.state.runtime
+    try:
+        record = await runtime.approvals.get(request.state.org_id, id)
+    except UndoLogError as exc:
+        return error_response(request.state.request_id, exc)
+    return json_response(reference_approval(record))
+
+
+async def _decision_body(request: Request) -> tuple[str | None, str | None]:
+    raw = await request.body()
+    if not raw.strip():
+        return None, None
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"malformed decision body: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("malformed decision body: expected a JSON object")
+    unknown = set(data) - {"reason", "decided_by"}
+    if unknown:
+        raise InvalidRequest(f"malformed decision body: unknown fields {sorted(unknown)}")
+    for name in ("reason", "decided_by"):
+        if data.get(name) is not None and not isinstance(data[name], str):
+            raise InvalidRequest(f"malformed decision body: '{name}' must be a string")
+    return data.get("reason"), data.get("decided_by")
+
+
+async def _decide(request: Request, approval_id: str, verdict: Verdict) -> Response:
+    runtime: Runtime = request.app.state.runtime
+    org_id: str = request.state.org_id
+    request_id: str = request.state.request_id
+    action = verdict.value
+    started = time.perf_counter()
+    try:
+        reason, decided_by = await _decision_body(request)
+        # Who decided: the key's org, and the name the caller gives (if any).
+        who = f"{decided_by} ({org_id})" if decided_by else org_id
+        result = await runtime.approvals.decide(
+            org_id, approval_id, verdict, reason=reason, decided_by=who
+        )
+    except UndoLogError as exc:
+        if not isinstance(exc, InvalidRequest):
+            runtime.metrics.approval_decisions.labels(action, exc.code).inc()
+            runtime.metrics.approval_decision_duration.labels(action).observe(
+                time.perf_counter() - started
+            )
+        return error_response(request_id, exc)
+    body: dict[str, Any] = {
+        "status": result.approval.status,
+        "approval_id": approval_id,
+        "effect_id": result.effect.effect_id,
+    }
+    if verdict is Verdict.APPROVE:
+        body.update(await _run_approved(runtime, result, request_id))
+    runtime.metrics.approval_decisions.labels(action, result.approval.status).inc()
+    runtime.metrics.approval_decision_duration.labels(action).observe(time.perf_counter() - started)
+    return json_response(body)
+
+
+async def _run_approved(
+    runtime: Runtime, result: DecisionResult, request_id: str
+) -> dict[str, Any]:
+    if result.run is None:
+        return {"execution": "awaiting_agent"}
+    effect = result.effect
+    log = runtime.log.bind(
+        request_id=request_id, org_id=effect.org_id, session_id=effect.session_id
+    )
+    execution = await execute_decision(
+        runtime, result.run, orjson.loads(effect.args_json), effect.session_id, request_id, log
+    )
+    if execution.error is not None:
+        return {"execution": "failed", "error": execution.error.message}
+    return {"execution": "committed", "result": orjson.loads(execution.result_json or "null")}
+
+
+@router.post("/approvals/{id}/approve")
+async def approve(id: str, request: Request) -> Response:  # noqa: A002
+    """Approve a pending request; a proxy-executed call runs now, once."""
+    return await _decide(request, id, Verdict.APPROVE)
+
+
+@router.post("/approvals/{id}/reject")
+async def reject(id: str, request: Request) -> Response:  # noqa: A002
+    """Reject a pending request and halt its session."""
+    return await _decide(request, id, Verdict.REJECT)
+
+
+async def sweep_forever(runtime: Runtime, interval_seconds: float) -> None:
+    """Time out expired approvals (or auto-approve and run them), until cancelled."""
+    while True:
+        try:
+            for result in await runtime.approvals.sweep():
+                runtime.log.info(
+                    "approval_swept",
+                    org_id=result.approval.org_id,
+                    approval_id=result.approval.approval_id,
+                    status=result.approval.status,
+                )
+                if result.run is not None:
+                    await _run_approved(runtime, result, f"sweep-{result.approval.approval_id}")
+        except UndoLogError as exc:  # the store is down: try again next round
+            runtime.log.warning("approval_sweep_failed", error=exc.message)
+        await asyncio.sleep(interval_seconds)
