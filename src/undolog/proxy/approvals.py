@@ -56,7 +56,7 @@ async def list_approvals(request: Request) -> Response:
 
 
 @router.get("/approvals/{id}")
-async def get_approval(id: str, request: Request) -> Response:  # noqa: A002
+async def get_approval(id: str, request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     try:
         record = await runtime.approvals.get(request.state.org_id, id)
@@ -134,13 +134,13 @@ async def _run_approved(
 
 
 @router.post("/approvals/{id}/approve")
-async def approve(id: str, request: Request) -> Response:  # noqa: A002
+async def approve(id: str, request: Request) -> Response:
     """Approve a pending request; a proxy-executed call runs now, once."""
     return await _decide(request, id, Verdict.APPROVE)
 
 
 @router.post("/approvals/{id}/reject")
-async def reject(id: str, request: Request) -> Response:  # noqa: A002
+async def reject(id: str, request: Request) -> Response:
     """Reject a pending request and halt its session."""
     return await _decide(request, id, Verdict.REJECT)
 

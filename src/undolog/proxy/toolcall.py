@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.requests import Request
