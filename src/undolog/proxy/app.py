@@ -22,6 +22,8 @@ from undolog.engine.saga import Saga
 from undolog.proxy.approvals import router as approvals_router
 from undolog.proxy.approvals import sweep_forever
 from undolog.proxy.edge import Edge, KeyResolver
+from undolog.proxy.events import EventBroker
+from undolog.proxy.events import router as events_router
 from undolog.proxy.executor import ToolExecutor
 from undolog.proxy.metrics import ProxyMetrics
 from undolog.proxy.routes import router
@@ -64,6 +66,7 @@ class Runtime:
     engine: Engine
     saga: Saga
     approvals: Approvals
+    broker: EventBroker
     executor: ToolExecutor
     metrics: ProxyMetrics
     retry_after_seconds: int
@@ -72,7 +75,7 @@ class Runtime:
     log: Any
 
 
-async def open_runtime(settings: Settings) -> Runtime:
+async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) -> Runtime:
     """Open the store (migrating it), seed the configured orgs and tools, open the executor."""
     store = await open_store(
         settings.database_url,
@@ -111,13 +114,15 @@ async def open_runtime(settings: Settings) -> Runtime:
         settings.upstream_url, timeout_seconds=settings.upstream_timeout_seconds
     )
     await executor.open()
+    proxy_metrics = metrics or ProxyMetrics.create()
     return Runtime(
         store=store,
         engine=engine,
         saga=Saga(store, lease_seconds=settings.lease_seconds),
         approvals=Approvals(engine),
+        broker=EventBroker(store, proxy_metrics),
         executor=executor,
-        metrics=ProxyMetrics.create(),
+        metrics=proxy_metrics,
         retry_after_seconds=settings.retry_after_seconds,
         commit_retry_attempts=max(1, settings.commit_retry_attempts),
         commit_retry_backoff_ms=settings.commit_retry_backoff_ms,
@@ -128,13 +133,14 @@ async def open_runtime(settings: Settings) -> Runtime:
 def create_app(settings: Settings) -> Any:
     """The proxy as an ASGI app; the store opens in the lifespan."""
     metrics_holder: dict[str, Runtime] = {}
+    metrics = ProxyMetrics.create()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = await open_runtime(settings)
-        runtime.metrics = metrics
+        runtime = await open_runtime(settings, metrics)
         metrics_holder["runtime"] = runtime
         app.state.runtime = runtime
+        await runtime.broker.start()
         sweeper = asyncio.create_task(sweep_forever(runtime, settings.approval_sweep_seconds))
         try:
             yield
@@ -142,6 +148,7 @@ def create_app(settings: Settings) -> Any:
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
+            await runtime.broker.stop()
             await runtime.executor.close()
             await runtime.store.close()
 
@@ -162,6 +169,7 @@ def create_app(settings: Settings) -> Any:
     api.include_router(router)
     api.include_router(undo_router)
     api.include_router(approvals_router)
+    api.include_router(events_router)
 
     @api.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -193,7 +201,6 @@ def create_app(settings: Settings) -> Any:
     async def lookup(key_hash: str) -> str | None:
         return await metrics_holder["runtime"].engine.org_for_key_hash(key_hash)
 
-    metrics = ProxyMetrics.create()
     edge = Edge(
         api,
         metrics=metrics,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from importlib import resources
 from typing import Any, ClassVar
@@ -97,6 +97,9 @@ def _event(row: Sequence[Any]) -> EventRecord:
 
 class Queries(abc.ABC):
     """All statements of the store, bound to one connection (and maybe one transaction)."""
+
+    # Set once an event row is written: the store tells its event listeners after commit.
+    events_written = False
 
     # -- dialect primitives ------------------------------------------------------------------
 
@@ -517,6 +520,7 @@ class Queries(abc.ABC):
         payload_json: str,
         now_us: int,
     ) -> int:
+        self.events_written = True
         row = await self._fetchrow(
             "INSERT INTO events (org_id, type, session_id, effect_id, payload, created_us) "
             "VALUES (?, ?, ?, ?, ?, ?) RETURNING event_id",
@@ -529,6 +533,19 @@ class Queries(abc.ABC):
         )
         assert row is not None
         return int(row[0])
+
+    async def list_events_since(
+        self, after_id: int, limit: int, *, newest: bool = False
+    ) -> list[EventRecord]:
+        """Events of every org above `after_id`, oldest first (or just the newest ones)."""
+        order = "DESC" if newest else "ASC"
+        rows = await self._fetch(
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE event_id > ? "
+            f"ORDER BY event_id {order} LIMIT ?",
+            after_id,
+            limit,
+        )
+        return [_event(r) for r in rows]
 
     async def list_events(
         self,
@@ -562,6 +579,30 @@ class Store(abc.ABC):
     """A database behind the `Queries` above. Open one with `undolog.store.open_store`."""
 
     dialect: ClassVar[str]
+
+    def on_events(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` after each commit that wrote events; returns a remover."""
+        listeners: list[Callable[[], None]] = self.__dict__.setdefault("_event_listeners", [])
+        listeners.append(callback)
+        return lambda: listeners.remove(callback) if callback in listeners else None
+
+    def _committed(self, q: Queries) -> None:
+        if q.events_written:
+            for callback in list(self.__dict__.get("_event_listeners", ())):
+                callback()
+
+    async def listen(self, channel: str, callback: Callable[[], None]) -> Callable[[], Any]:
+        """Be called when another process announces events (PostgreSQL LISTEN); returns an
+        async closer. Stores that cannot hear other processes do nothing."""
+
+        async def close() -> None:
+            return None
+
+        return close
+
+    async def announce(self, channel: str) -> None:
+        """Tell other processes that events were written (PostgreSQL NOTIFY)."""
+        return None
 
     @abc.abstractmethod
     def transaction(self, lock_key: str | None = None) -> AbstractAsyncContextManager[Queries]:

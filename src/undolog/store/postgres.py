@@ -9,9 +9,10 @@ rely on `UNIQUE (org_id, call_signature)` with `ON CONFLICT DO NOTHING` as the s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import lru_cache
 from typing import Any
@@ -74,9 +75,15 @@ class PostgresStore(Store):
     dialect = "postgres"
 
     def __init__(
-        self, pool: asyncpg.Pool, *, lock_max_attempts: int = 50, lock_retry_ms: int = 10
+        self,
+        pool: asyncpg.Pool,
+        *,
+        lock_max_attempts: int = 50,
+        lock_retry_ms: int = 10,
+        dsn: str = "",
     ) -> None:
         self._pool = pool
+        self._dsn = dsn
         self.lock_max_attempts = max(1, lock_max_attempts)
         self.lock_retry_ms = max(0, lock_retry_ms)
 
@@ -98,7 +105,7 @@ class PostgresStore(Store):
         except (TimeoutError, *_DRIVER_ERRORS) as exc:
             raise Database(f"cannot connect to PostgreSQL: {exc}") from exc
         assert pool is not None
-        return cls(pool, lock_max_attempts=lock_max_attempts, lock_retry_ms=lock_retry_ms)
+        return cls(pool, lock_max_attempts=lock_max_attempts, lock_retry_ms=lock_retry_ms, dsn=dsn)
 
     async def _lock(self, conn: asyncpg.Connection, signature: str) -> None:
         key = advisory_key(signature)
@@ -115,15 +122,40 @@ class PostgresStore(Store):
             async with self._pool.acquire() as conn, conn.transaction():
                 if lock_key is not None:
                     await self._lock(conn, lock_key)
-                yield _PostgresQueries(conn)
+                q = _PostgresQueries(conn)
+                yield q
         except _DRIVER_ERRORS as exc:
             raise Database(str(exc)) from exc
+        self._committed(q)
 
     @asynccontextmanager
     async def reader(self) -> AsyncIterator[Queries]:
         try:
             async with self._pool.acquire() as conn:
-                yield _PostgresQueries(conn)
+                q = _PostgresQueries(conn)
+                yield q
+        except _DRIVER_ERRORS as exc:
+            raise Database(str(exc)) from exc
+        self._committed(q)
+
+    async def listen(self, channel: str, callback: Callable[[], None]) -> Callable[[], Any]:
+        """LISTEN on a dedicated connection; `callback` runs on every notification."""
+        try:
+            conn = await asyncpg.connect(self._dsn, timeout=10)
+            await conn.add_listener(channel, lambda *_: callback())
+        except (*_DRIVER_ERRORS, TimeoutError) as exc:
+            raise Database(f"cannot LISTEN on {channel}: {exc}") from exc
+
+        async def close() -> None:
+            with contextlib.suppress(*_DRIVER_ERRORS):
+                await conn.close()
+
+        return close
+
+    async def announce(self, channel: str) -> None:
+        try:
+            async with self._pool.acquire() as conn:
+                await conn.execute("SELECT pg_notify($1, '')", channel)
         except _DRIVER_ERRORS as exc:
             raise Database(str(exc)) from exc
 

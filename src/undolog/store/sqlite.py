@@ -104,8 +104,9 @@ class SqliteStore(Store):
                 await conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 raise Database(str(exc)) from exc
+            q = _SqliteQueries(conn)
             try:
-                yield _SqliteQueries(conn)
+                yield q
             except BaseException as exc:
                 with suppress(sqlite3.Error):
                     await conn.execute("ROLLBACK")
@@ -118,6 +119,7 @@ class SqliteStore(Store):
                 with suppress(sqlite3.Error):
                     await conn.execute("ROLLBACK")
                 raise Database(str(exc)) from exc
+            self._committed(q)
 
     @asynccontextmanager
     async def reader(self) -> AsyncIterator[Queries]:
@@ -135,10 +137,12 @@ class SqliteStore(Store):
         if conn is None:
             raise Database("store is closed")
         async with self._write_lock:
+            q = _SqliteQueries(conn)
             try:
-                yield _SqliteQueries(conn)
+                yield q
             except sqlite3.Error as exc:
                 raise Database(str(exc)) from exc
+            self._committed(q)
 
     async def schema_version(self) -> int:
         async with self.reader() as q:

@@ -1,0 +1,232 @@
+"""`GET /events`: the live event stream (SSE), resumable with `Last-Event-ID`.
+
+One `EventBroker` per process reads new event rows from the store and fans them out to its
+subscribers, each with a bounded queue (a slow subscriber loses events, counted in
+`undolog_proxy_sse_events_dropped_total`, rather than slowing everyone). It wakes when this
+process commits events, when another process announces some (PostgreSQL LISTEN/NOTIFY), and
+every `poll_seconds` in any case (SQLite files shared by processes have no notifications).
+
+Event ids come from a sequence, assigned at insert: on PostgreSQL a transaction can commit
+after another that took a higher id. The broker therefore only hands out ids up to its
+*high-water mark*, the highest id below which it has seen every row; a hole is waited for up
+to `gap_grace_seconds` (a rolled-back insert leaves one forever) and then skipped. A client
+that resumes from an id the broker handed out therefore misses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from fastapi import APIRouter, Request
+from sse_starlette.event import ServerSentEvent
+from sse_starlette.sse import EventSourceResponse
+from starlette.responses import Response
+
+from undolog.proxy.metrics import ProxyMetrics
+from undolog.proxy.wire import error_body, iso, json_response
+from undolog.store import EventRecord, Store
+
+if TYPE_CHECKING:
+    from undolog.proxy.app import Runtime
+
+__all__ = ["EventBroker", "router"]
+
+CHANNEL = "undolog_events"
+PING_SECONDS = 25
+REPLAY_PAGE = 500
+
+
+def event_data(event: EventRecord) -> str:
+    """The `data:` line of an event, as the REST reference shows it."""
+    return orjson.dumps(
+        {
+            "type": event.type,
+            "timestamp": iso(event.created_us),
+            "org_id": event.org_id,
+            "session_id": event.session_id,
+            "effect_id": event.effect_id,
+            "payload": orjson.loads(event.payload_json),
+        }
+    ).decode()
+
+
+@dataclass(eq=False)
+class Subscriber:
+    org_id: str
+    queue: asyncio.Queue[EventRecord]
+    dropped: int = 0
+
+
+@dataclass
+class EventBroker:
+    store: Store
+    metrics: ProxyMetrics
+    queue_size: int = 1000
+    max_per_org: int = 100
+    poll_seconds: float = 0.25
+    gap_grace_seconds: float = 2.0
+    hwm: int = 0
+    _subscribers: dict[str, set[Subscriber]] = field(default_factory=dict)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _task: asyncio.Task[None] | None = None
+    _gap_since: float | None = None
+    _closers: list[Any] = field(default_factory=list)
+
+    async def start(self) -> None:
+        async with self.store.reader() as q:
+            latest = await q.list_events_since(0, 1, newest=True)
+        self.hwm = latest[0].event_id if latest else 0
+        self._closers.append(self.store.on_events(self._local_commit))
+        close_listen = await self.store.listen(CHANNEL, self._wake.set)
+        self._closers.append(close_listen)
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for close in self._closers:
+            result = close()
+            if asyncio.iscoroutine(result):
+                await result
+
+    def _local_commit(self) -> None:
+        self._wake.set()
+        self._announce = True
+
+    _announce: bool = False
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
+            self._wake.clear()
+            if self._announce:
+                self._announce = False
+                with contextlib.suppress(Exception):  # other processes still poll
+                    await self.store.announce(CHANNEL)
+            try:
+                await self._advance()
+            except Exception:  # the store is down: keep polling
+                await asyncio.sleep(self.poll_seconds)
+
+    async def _advance(self) -> None:
+        while True:
+            async with self.store.reader() as q:
+                rows = await q.list_events_since(self.hwm, REPLAY_PAGE)
+            if not rows:
+                return
+            for event in rows:
+                if event.event_id != self.hwm + 1:
+                    now = time.monotonic()
+                    if self._gap_since is None:
+                        self._gap_since = now
+                    if now - self._gap_since < self.gap_grace_seconds:
+                        self._wake.set()  # look again soon: the hole may fill
+                        await asyncio.sleep(0.02)
+                        return
+                self._gap_since = None
+                self.hwm = event.event_id
+                self._deliver(event)
+            if len(rows) < REPLAY_PAGE:
+                return
+
+    def _deliver(self, event: EventRecord) -> None:
+        for sub in self._subscribers.get(event.org_id, ()):
+            try:
+                sub.queue.put_nowait(event)
+            except asyncio.QueueFull:
+                sub.dropped += 1
+                self.metrics.sse_events_dropped.labels(event.org_id).inc()
+
+    def subscribe(self, org_id: str) -> Subscriber | None:
+        """A new subscriber, or None when the org already has `max_per_org`."""
+        subs = self._subscribers.setdefault(org_id, set())
+        if len(subs) >= self.max_per_org:
+            return None
+        sub = Subscriber(org_id, asyncio.Queue(self.queue_size))
+        subs.add(sub)
+        self.metrics.sse_subscribers.labels(org_id).set(len(subs))
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        subs = self._subscribers.get(sub.org_id, set())
+        subs.discard(sub)
+        self.metrics.sse_subscribers.labels(sub.org_id).set(len(subs))
+
+
+router = APIRouter()
+
+
+def _sse(event: EventRecord) -> ServerSentEvent:
+    return ServerSentEvent(data=event_data(event), event=event.type, id=str(event.event_id))
+
+
+def _resume_from(request: Request) -> int | None:
+    raw = request.headers.get("last-event-id") or request.query_params.get("last_event_id")
+    if raw is None or raw == "":
+        return None
+    return int(raw) if raw.isdigit() else -1
+
+
+@router.get("/events")
+async def events(request: Request) -> Response:
+    """Server-Sent Events for the caller's org: replay after `Last-Event-ID` (header, or the
+    `last_event_id` query parameter for browsers), then live; `: ping` every 25 s."""
+    runtime: Runtime = request.app.state.runtime
+    org_id: str = request.state.org_id
+    broker = runtime.broker
+    after = _resume_from(request)
+    if after == -1:
+        return json_response(
+            error_body(request.state.request_id, "invalid_request", "Last-Event-ID must be an id"),
+            400,
+        )
+    sub = broker.subscribe(org_id)
+    if sub is None:
+        return json_response(
+            error_body(
+                request.state.request_id,
+                "too_many_subscribers",
+                f"this organisation already has {broker.max_per_org} event streams open",
+            ),
+            429,
+        )
+    upto = broker.hwm  # the replay goes to here; the queue has everything after it
+
+    async def stream() -> AsyncIterator[ServerSentEvent]:
+        try:
+            last = upto
+            if after is not None:
+                cursor = after
+                while cursor < upto:
+                    async with runtime.store.reader() as q:
+                        page = await q.list_events(org_id, cursor, REPLAY_PAGE)
+                    page = [e for e in page if e.event_id <= upto]
+                    if not page:
+                        break
+                    for event in page:
+                        yield _sse(event)
+                    cursor = page[-1].event_id
+            while True:
+                event = await sub.queue.get()
+                if event.event_id <= last:
+                    continue
+                last = event.event_id
+                yield _sse(event)
+        finally:
+            broker.unsubscribe(sub)
+
+    return EventSourceResponse(
+        stream(),
+        ping=PING_SECONDS,
+        ping_message_factory=lambda: ServerSentEvent(comment="ping"),
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

@@ -1,0 +1,116 @@
+"""`undolog demo`, run for real as a child process: on its own, and against a running proxy.
+
+The scripted session sends an email and moves money, retries a step (a replay), waits for an
+approval, fails, and is rolled back; the command prints the timeline and exits 0 only if the
+session ends `compensated`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.proxy.conftest import make_settings
+from tests.support.servers import ThreadServer, undolog_command
+from undolog.config import OrgConfig, hash_api_key
+from undolog.demo.tools import create_demo_tools_app
+
+SESSION = re.compile(r"^session ([0-9a-f-]{36})  state=(\w+)$", re.MULTILINE)
+
+
+def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNDOLOG_")}
+    return subprocess.run(
+        undolog_command("demo", *args),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def rows(output: str, first_cell: str) -> list[list[str]]:
+    """Table rows of the printed session whose first cell is `first_cell`."""
+    return [line.split() for line in output.splitlines() if line.split()[:1] == [first_cell]]
+
+
+def assert_rolled_back(output: str) -> str:
+    """The timeline printed by the demo ends in a compensated session; its id."""
+    lines = output.splitlines()
+    steps = [line.split()[1] for line in lines if line.strip().startswith("step ")]
+    assert steps == ["1:", "2:", "3:", "3:", "4:", "5:"], output
+    assert "replayed" in next(line for line in lines if "step 3:" in line and "replayed" in line)
+    assert "pending_approval" in output
+    assert "rollback: compensated" in output
+    rollback_at = output.index("rollback: compensated")
+    assert output.index("step 5:") < rollback_at < output.index("undo stack (top first):")
+    [(session, state)] = SESSION.findall(output)
+    assert state == "compensated"
+    effects = {r[1]: r[3] for r in (rows(output, "2") + rows(output, "3")) if len(r) > 3}
+    assert effects["send_email"] == "compensated"
+    assert effects["transfer_funds"] == "compensated"
+    undo = [line.split() for line in output.split("undo stack (top first):")[1].splitlines()[3:]]
+    assert [(u[1], u[2]) for u in undo if u] == [
+        ("reverse_transfer", "skipped"),  # step 5 failed logically: nothing to undo
+        ("reverse_transfer", "compensated"),
+        ("undo_send_email", "compensated"),
+    ]
+    return str(session)
+
+
+def test_the_demo_runs_on_its_own_and_ends_with_a_compensated_session() -> None:
+    done = run_demo()
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert_rolled_back(done.stdout)
+
+
+@pytest.fixture
+def demo_stack(store_url: str) -> Iterator[tuple[str, str, str]]:
+    """A demo upstream and a proxy (threads) on the parametrised store: (proxy, key, upstream)."""
+    from undolog.proxy import create_app
+
+    key = "ul_test_" + secrets.token_urlsafe(18)
+    org = OrgConfig(org_id=f"org-{secrets.token_hex(6)}", api_key_hashes=(hash_api_key(key),))
+    upstream = ThreadServer(create_demo_tools_app()).start()
+    proxy = ThreadServer(create_app(make_settings(store_url, upstream.url, (org,)))).start()
+    try:
+        yield proxy.url, key, upstream.url
+    finally:
+        proxy.stop()
+        upstream.stop()
+
+
+def test_the_demo_against_a_running_proxy_undoes_the_email_and_the_transfer(
+    demo_stack: tuple[str, str, str],
+) -> None:
+    proxy_url, key, upstream_url = demo_stack
+
+    done = run_demo("--url", proxy_url, "--api-key", key)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    session = assert_rolled_back(done.stdout)
+    view = httpx.get(f"{proxy_url}/sessions/{session}", headers={"X-Api-Key": key}).json()
+    assert view["state"] == "compensated"
+    state = httpx.get(f"{upstream_url}/state").json()
+    assert [m["status"] for m in state["messages"].values()] == ["recalled"]
+    assert state["balances"] == {"ops": 1000, "ada": 1000}
+    assert [t["status"] for t in state["transfers"].values()] == ["reversed"]
+
+
+def test_the_demo_against_a_proxy_with_a_wrong_key_fails(
+    demo_stack: tuple[str, str, str],
+) -> None:
+    proxy_url, _, _ = demo_stack
+
+    done = run_demo("--url", proxy_url, "--api-key", "ul_wrong")
+
+    assert done.returncode != 0
+    assert "rollback: compensated" not in done.stdout
