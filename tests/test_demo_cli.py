@@ -22,6 +22,7 @@ from undolog.config import OrgConfig, hash_api_key
 from undolog.demo.tools import create_demo_tools_app
 
 SESSION = re.compile(r"^session ([0-9a-f-]{36})  state=(\w+)$", re.MULTILINE)
+STEP = re.compile(r"^  step (\d+): \S+ +\d{3} (\w+)", re.MULTILINE)
 
 
 def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
@@ -36,29 +37,33 @@ def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def rows(output: str, first_cell: str) -> list[list[str]]:
-    """Table rows of the printed session whose first cell is `first_cell`."""
-    return [line.split() for line in output.splitlines() if line.split()[:1] == [first_cell]]
+def table(output: str, title: str) -> list[list[str]]:
+    """The rows of the printed table under `title` (header and rule left out)."""
+    section = output.split(title, 1)[1].split("\n\n", 1)[0]
+    return [line.split() for line in section.strip().splitlines()[2:]]
 
 
 def assert_rolled_back(output: str) -> str:
     """The timeline printed by the demo ends in a compensated session; its id."""
-    lines = output.splitlines()
-    steps = [line.split()[1] for line in lines if line.strip().startswith("step ")]
-    assert steps == ["1:", "2:", "3:", "3:", "4:", "5:"], output
-    assert "replayed" in next(line for line in lines if "step 3:" in line and "replayed" in line)
-    assert "pending_approval" in output
-    assert "rollback: compensated" in output
+    steps = STEP.findall(output)
+    assert [step for step, _ in steps] == ["1", "2", "3", "3", "4", "5"], output
+    assert [outcome for _, outcome in steps] == [
+        "executed", "executed", "executed", "replayed", "pending_approval", "executed",
+    ]  # fmt: skip
     rollback_at = output.index("rollback: compensated")
     assert output.index("step 5:") < rollback_at < output.index("undo stack (top first):")
     [(session, state)] = SESSION.findall(output)
     assert state == "compensated"
-    effects = {r[1]: r[3] for r in (rows(output, "2") + rows(output, "3")) if len(r) > 3}
-    assert effects["send_email"] == "compensated"
-    assert effects["transfer_funds"] == "compensated"
-    undo = [line.split() for line in output.split("undo stack (top first):")[1].splitlines()[3:]]
-    assert [(u[1], u[2]) for u in undo if u] == [
-        ("reverse_transfer", "skipped"),  # step 5 failed logically: nothing to undo
+    effects = [(r[0], r[1], r[3]) for r in table(output, "effects (step order):")]
+    assert effects == [
+        ("2", "send_email", "compensated"),
+        ("3", "transfer_funds", "compensated"),
+        ("4", "delete_database", "awaiting_approval"),
+        ("5", "transfer_funds", "committed"),  # it failed logically: nothing to undo
+    ]
+    undo = [(r[1], r[2]) for r in table(output, "undo stack (top first):")]
+    assert undo == [
+        ("reverse_transfer", "skipped"),
         ("reverse_transfer", "compensated"),
         ("undo_send_email", "compensated"),
     ]

@@ -168,8 +168,9 @@ def demo(
 
 
 def _add_operator_commands() -> None:
-    from undolog.cli_ops import sessions_app, undo_app
+    from undolog.cli_ops import approvals_app, sessions_app, undo_app
 
+    app.add_typer(approvals_app, name="approvals")
     app.add_typer(sessions_app, name="sessions")
     app.add_typer(undo_app, name="undo")
 

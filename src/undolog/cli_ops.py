@@ -16,7 +16,7 @@ import httpx
 import orjson
 import typer
 
-__all__ = ["sessions_app", "undo_app"]
+__all__ = ["approvals_app", "sessions_app", "undo_app"]
 
 sessions_app = typer.Typer(add_completion=False, help="Inspect and roll back sessions.")
 undo_app = typer.Typer(add_completion=False, help="Retry or resolve failed compensations.")
@@ -138,3 +138,76 @@ def undo_resolve(
     """Mark a failed compensation as handled by hand."""
     data = _request("POST", url, api_key, f"/undo/{entry_id}/resolve", {"note": note})
     typer.echo(f"entry {data['entry_id']} is {data['state']}; run `sessions rollback` to go on")
+
+
+approvals_app = typer.Typer(add_completion=False, help="List, approve and reject approvals.")
+
+
+def _approval_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+    return [
+        [a["id"], a["tool_name"], a["status"], a["session_id"], a["created_at"],
+         a["timeout_at"], orjson.dumps(a.get("arguments")).decode()[:60]]
+        for a in records
+    ]  # fmt: skip
+
+
+@approvals_app.command("list")
+def approvals_list(
+    state: str = typer.Option(
+        "pending", "--state", help="pending, approved, rejected, timed_out, auto_approved"
+    ),
+    limit: int = typer.Option(100, "--limit", help="1-500, newest first"),
+    url: str = _URL,
+    api_key: str = _KEY,
+    as_json: bool = _JSON,
+) -> None:
+    """Approval requests of the org, newest first."""
+    data = _request("GET", url, api_key, f"/approvals?state={state}&limit={limit}")
+    if as_json:
+        _print_json(data)
+        return
+    headers = ["approval", "tool", "status", "session", "created", "timeout", "args"]
+    typer.echo(_table(_approval_rows(data), headers))
+
+
+def _decide(action: str, approval_id: str, reason: str | None, decided_by: str | None,
+            url: str | None, api_key: str | None, as_json: bool) -> None:  # fmt: skip
+    body = {k: v for k, v in (("reason", reason), ("decided_by", decided_by)) if v is not None}
+    data = _request("POST", url, api_key, f"/approvals/{approval_id}/{action}", body)
+    if as_json:
+        _print_json(data)
+        return
+    line = f"approval {data['approval_id']}: {data['status']}"
+    if "execution" in data:
+        line += f"; execution {data['execution']}"
+        if data.get("error"):
+            line += f": {data['error']}"
+    typer.echo(line)
+    if data.get("result") is not None:
+        typer.echo(orjson.dumps(data["result"], option=orjson.OPT_INDENT_2).decode())
+
+
+@approvals_app.command("approve")
+def approvals_approve(
+    approval_id: str,
+    reason: str = typer.Option(None, "--reason", help="Why (stored and shown)"),
+    decided_by: str = typer.Option(None, "--by", help="Who decides (stored with the org)"),
+    url: str = _URL,
+    api_key: str = _KEY,
+    as_json: bool = _JSON,
+) -> None:
+    """Approve a pending request; a proxy-executed call runs now."""
+    _decide("approve", approval_id, reason, decided_by, url, api_key, as_json)
+
+
+@approvals_app.command("reject")
+def approvals_reject(
+    approval_id: str,
+    reason: str = typer.Option(None, "--reason", help="Why (stored and shown)"),
+    decided_by: str = typer.Option(None, "--by", help="Who decides (stored with the org)"),
+    url: str = _URL,
+    api_key: str = _KEY,
+    as_json: bool = _JSON,
+) -> None:
+    """Reject a pending request and halt its session."""
+    _decide("reject", approval_id, reason, decided_by, url, api_key, as_json)
