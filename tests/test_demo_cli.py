@@ -110,12 +110,33 @@ def test_the_demo_against_a_running_proxy_undoes_the_email_and_the_transfer(
     assert [t["status"] for t in state["transfers"].values()] == ["reversed"]
 
 
-def test_the_demo_against_a_proxy_with_a_wrong_key_fails(
+def test_the_demo_against_a_proxy_with_a_wrong_key_says_so_and_exits_1(
     demo_stack: tuple[str, str, str],
 ) -> None:
     proxy_url, _, _ = demo_stack
 
     done = run_demo("--url", proxy_url, "--api-key", "ul_wrong")
 
-    assert done.returncode != 0
-    assert "rollback: compensated" not in done.stdout
+    assert done.returncode == 1
+    assert f"error: the proxy at {proxy_url} refused: 403" in done.stderr
+    assert '"code":"auth_failed"' in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "rollback" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--url", "http://127.0.0.1:9", "--api-key", "k"), "error: cannot reach the proxy at"),
+        (("--url", "http://127.0.0.1:9"), "error: --url needs the org's --api-key"),
+    ],
+    ids=["unreachable", "no-key"],
+)
+def test_the_demo_against_a_proxy_it_cannot_use_exits_1_with_a_clear_error(
+    args: tuple[str, ...], message: str
+) -> None:
+    done = run_demo(*args)
+
+    assert done.returncode == 1
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr

@@ -31,6 +31,13 @@ class ProxyHarness:
     api_key: str
     settings: Settings
     extra: dict[str, Any] = field(default_factory=dict)
+    server: ThreadServer | None = None
+
+    @property
+    def runtime(self) -> Any:
+        """The in-process proxy's `Runtime` (store, engine, broker, metrics...)."""
+        assert self.server is not None, "only a proxy run in a thread has a runtime here"
+        return self.server.app.fastapi.state.runtime
 
     def client(self, api_key: str | None = None, **kwargs: Any) -> httpx.Client:
         headers = {"X-Api-Key": api_key or self.api_key, **kwargs.pop("headers", {})}
@@ -92,14 +99,20 @@ def proxy_factory(store_url: str, demo_upstream: ThreadServer) -> Iterator[Any]:
 
     started: list[ThreadServer] = []
 
-    def start(**overrides: Any) -> ProxyHarness:
+    def start(org_options: dict[str, Any] | None = None, **overrides: Any) -> ProxyHarness:
+        """A proxy with its own org; `org_options` are extra `OrgConfig` fields (for example
+        `approval_timeout_seconds`, `auto_approve_on_timeout`), `overrides` are `Settings`."""
         org_id, key = _new_org()
-        orgs = (OrgConfig(org_id=org_id, api_key_hashes=(hash_api_key(key),)),)
+        orgs = (
+            OrgConfig(org_id=org_id, api_key_hashes=(hash_api_key(key),), **(org_options or {})),
+        )
         upstream = overrides.pop("upstream_url", demo_upstream.url)
         settings = make_settings(store_url, upstream, orgs, **overrides)
         server = ThreadServer(create_app(settings)).start()
         started.append(server)
-        harness = ProxyHarness(server.url, demo_upstream.url, store_url, org_id, key, settings)
+        harness = ProxyHarness(
+            server.url, demo_upstream.url, store_url, org_id, key, settings, server=server
+        )
         harness.register_demo_tools()
         return harness
 
@@ -142,10 +155,20 @@ def spawn_proxy(
     ).start()
 
 
-def write_org_config(path: Path, org_id: str, api_key: str) -> Path:
-    """A TOML config declaring one org with one key (stored as its SHA-256)."""
-    path.write_text(
-        f'[[orgs]]\nid = "{org_id}"\napi_key_sha256 = ["{hash_api_key(api_key)}"]\n',
-        encoding="utf-8",
-    )
+def write_org_config(
+    path: Path,
+    org_id: str,
+    api_key: str,
+    *,
+    approval_timeout_seconds: int | None = None,
+    auto_approve_on_timeout: bool | None = None,
+) -> Path:
+    """A TOML config declaring one org with one key (stored as its SHA-256), and optionally
+    its approval timeout policy."""
+    text = f'[[orgs]]\nid = "{org_id}"\napi_key_sha256 = ["{hash_api_key(api_key)}"]\n'
+    if approval_timeout_seconds is not None:
+        text += f"approval_timeout_seconds = {approval_timeout_seconds}\n"
+    if auto_approve_on_timeout is not None:
+        text += f"auto_approve_on_timeout = {str(auto_approve_on_timeout).lower()}\n"
+    path.write_text(text, encoding="utf-8")
     return path

@@ -340,7 +340,7 @@ async def test_a_store_outage_refuses_new_calls_loses_no_commit_and_the_proxy_re
         try:
             await await_until(
                 lambda: asyncio.to_thread(fleet.upstream_calls, cut["session_id"]),
-                timeout=DEADLINE,
+                within=DEADLINE,
                 what="the call to reach the upstream",
             )
             await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')

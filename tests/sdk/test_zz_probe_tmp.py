@@ -1,45 +1,35 @@
 from __future__ import annotations
+import asyncio
 import pytest
 from tests.sdk.test_rollback import *  # noqa
+from tests.sdk.test_rollback import Ledger, write_tool, UndoLogSession, session_view
 from tests.sdk.test_rollback import client, proxy, proxy_factory, demo_upstream  # noqa
 
-async def test_probe_unseen(proxy, client):
-    s = UndoLogSession(org_id=proxy.org_id, client=client)
-    try:
-        print("unseen rollback ->", await s.rollback())
-    except Exception as e:
-        print("unseen rollback raised", repr(e))
-
-async def test_probe_refused_call_then_normal_end(proxy, client):
+async def test_probe_gather(proxy, client):
     ledger = Ledger()
-    w = write_tool(client, "w", ledger.register("u"))
+    u1, u2 = ledger.register("u1"), ledger.register("u2")
+    release = asyncio.Event()
+
+    @undolog_tool(tier=ToolTier.COMPENSABLE, compensation=CompensationDescriptor.new(u1), client=client)
+    async def slow(n: int):
+        await release.wait()
+        return {"n": n}
+
+    @undolog_tool(tier=ToolTier.COMPENSABLE, compensation=CompensationDescriptor.new(u2), client=client)
+    async def bad(n: int):
+        raise Boom("bad")
+
     s = UndoLogSession(org_id=proxy.org_id)
+    task = None
     try:
         async with s:
-            try:
-                await w(float("nan"), _session=s)
-            except ValueError as e:
-                print("refused", e)
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(slow(1, _session=s)); tg.create_task(bad(2, _session=s))
     except Exception as e:
-        print("exit raised", repr(e))
-
-async def test_probe_refused_call_then_raise(proxy, client):
-    ledger = Ledger()
-    w = write_tool(client, "w", ledger.register("u"))
-    s = UndoLogSession(org_id=proxy.org_id)
-    try:
-        async with s:
-            await w(float("nan"), _session=s)
-    except Exception as e:
-        print("exit raised", repr(e), getattr(e, "__notes__", None))
-
-async def test_probe_note(proxy, client):
-    ledger = Ledger()
-    w = write_tool(client, "w", ledger.register("u", fail_times=-1), max_retries=0)
-    s = UndoLogSession(org_id=proxy.org_id)
-    try:
-        async with s:
-            await w(1, _session=s)
-            raise Boom("x")
-    except Exception as e:
-        print("exit raised", repr(e), getattr(e, "__notes__", None))
+        print("raised", repr(e), getattr(e, "__notes__", None))
+    v = session_view(proxy, s.session_id)
+    print(v["state"], [(e["tool_name"], e["state"]) for e in v["effects"]])
+    release.set()
+    await asyncio.sleep(0.5)
+    v = session_view(proxy, s.session_id)
+    print(v["state"], [(e["tool_name"], e["state"]) for e in v["effects"]], ledger.names())

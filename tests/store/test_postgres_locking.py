@@ -88,12 +88,13 @@ async def test_a_rolled_back_transaction_releases_its_signature_lock(
 
 
 async def lock_attempters(store: Store, exclude_pid: int) -> int:
-    """Backends other than `exclude_pid` whose last statement was a lock attempt, in a txn."""
+    """Backends other than `exclude_pid` trying the advisory lock (polling or waiting)."""
     async with store.reader() as q:
         row = await q._fetchrow(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> ? AND state = 'idle in transaction' "
-            "AND query LIKE 'SELECT pg_try_advisory_xact_lock%'",
+            "AND pid <> ? AND ((state = 'idle in transaction' "
+            "AND query LIKE 'SELECT pg_try_advisory_xact_lock%') "
+            "OR (wait_event_type = 'Lock' AND wait_event = 'advisory'))",
             exclude_pid,
         )
     assert row is not None

@@ -57,8 +57,12 @@ def registered_compensation(fn_name: str) -> Compensation | None:
     return _REGISTRY.get(fn_name)
 
 
-async def _run_entry(client: UndoLogClient, org_id: str, entry_id: str) -> None:
-    claim = await client.claim_undo(org_id, entry_id)
+async def _run_entry(client: UndoLogClient, org_id: str, entry_id: str) -> bool:
+    """Claim, run and report one entry; False if another runner claimed it first."""
+    try:
+        claim = await client.claim_undo(org_id, entry_id)
+    except _errors.InvalidStateTransition:
+        return False
     fn = _REGISTRY.get(claim["fn_name"])
     backoff = claim["retry_backoff_ms"] / 1000
     for attempt in range(max(1, claim["attempts_left"])):
@@ -73,8 +77,9 @@ async def _run_entry(client: UndoLogClient, org_id: str, entry_id: str) -> None:
                 error = f"{type(exc).__name__}: {exc}"
             else:
                 await client.complete_undo(org_id, entry_id)
-                return
+                return True
         await client.fail_undo(org_id, entry_id, error)  # raises CompensationFailed at the end
+    return True
 
 
 async def unwind(client: UndoLogClient, org_id: str, session_id: str) -> str:
@@ -92,8 +97,10 @@ async def unwind(client: UndoLogClient, org_id: str, session_id: str) -> str:
             return outcome
         entry = answer.get("next_entry") or {}
         if outcome == "waiting_for_runner":
-            await _run_entry(client, org_id, entry["entry_id"])
-            continue
+            if await _run_entry(client, org_id, entry["entry_id"]):
+                continue
+            # Another runner claimed it between the proxy's answer and our claim: wait for
+            # that runner as for `busy` below, then ask again.
         if outcome == "compensation_failed":
             raise _errors.CompensationFailed(
                 str(answer.get("fn_name") or entry.get("fn_name") or "?"),
@@ -102,7 +109,8 @@ async def unwind(client: UndoLogClient, org_id: str, session_id: str) -> str:
             )
         if outcome == "blocked":
             raise _errors.EffectInDoubt(str(entry.get("effect_id")))
-        # busy: another runner holds the top entry; wait for it, within a deadline.
+        # busy (or a lost claim): another runner holds the top entry; wait for it, within a
+        # deadline.
         if time.monotonic() > deadline:
             raise _errors.InProgress(str(entry.get("effect_id")), int(answer.get("retry_after", 1)))
         await asyncio.sleep(min(1.0, float(answer.get("retry_after") or 1)))

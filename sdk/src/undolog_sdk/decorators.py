@@ -131,7 +131,6 @@ def undolog_tool(
             c = client or session.client or _get_default_client()
             if session.client is None:
                 session.client = c
-            session._used = True
             # The step is taken before the first await, so calls started together (gather)
             # get their steps in the order they were started, on every run of the agent.
             step = session.next_step()
@@ -149,6 +148,9 @@ def undolog_tool(
                 decision = await c.intercept(
                     session.org_id, session.session_id, name_, step, call_args
                 )
+                # The proxy has seen the session now: leaving the block completes or rolls
+                # it back. A call refused before that (not JSON, proxy unreachable) does not.
+                session._used = True
             except BaseException:
                 session._give_back_step(step)
                 raise

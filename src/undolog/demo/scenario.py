@@ -122,8 +122,17 @@ async def run_scenario(proxy_url: str, api_key: str, echo: Echo) -> dict[str, An
 async def demo_main(url: str | None, api_key: str | None, echo: Echo) -> dict[str, Any]:
     from undolog.cli_ops import render_session
 
-    if url and api_key:
-        view = await run_scenario(url, api_key, echo)
+    if url:
+        if not api_key:
+            raise SystemExit("error: --url needs the org's --api-key")
+        try:
+            view = await run_scenario(url, api_key, echo)
+        except httpx.HTTPStatusError as exc:
+            raise SystemExit(
+                f"error: the proxy at {url} refused: {exc.response.status_code} {exc.response.text}"
+            ) from None
+        except httpx.RequestError as exc:
+            raise SystemExit(f"error: cannot reach the proxy at {url}: {exc!r}") from None
     else:
         async with self_contained() as (proxy_url, key):
             view = await run_scenario(proxy_url, key, echo)
