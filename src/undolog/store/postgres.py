@@ -8,7 +8,6 @@ rely on `UNIQUE (org_id, call_signature)` with `ON CONFLICT DO NOTHING` as the s
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import time
