@@ -427,10 +427,30 @@ async def test_a_failed_attempt_with_retries_left_keeps_the_claim_and_renews_its
     failed = await saga.fail_attempt(org_id, claimed.entry.entry_id, "smtp down")
 
     assert (failed.state, failed.attempts, failed.last_error) == ("running", 1, "smtp down")
-    assert failed.lease_expires_us == clock.now + LEASE_S * SECOND
+    backoff_us = UNDO_EMAIL["retry_backoff_ms"] * 1000
+    assert failed.lease_expires_us == clock.now + backoff_us + LEASE_S * SECOND
     assert await session_state(store, org_id, session) == "compensating"
     done = await saga.complete(org_id, claimed.entry.entry_id)
     assert (done.state, done.attempts, done.last_error) == ("compensated", 2, None)
+
+
+async def test_a_claim_waiting_out_a_long_backoff_is_not_taken_over(
+    saga: Saga, engine: Engine, clock: Clock, org_id: str
+) -> None:
+    await engine.register_tool(
+        org_id, "send_email", tier="compensable",
+        compensation={**UNDO_EMAIL, "retry_backoff_ms": 2 * LEASE_S * 1000},
+    )  # fmt: skip
+    session = new_session()
+    await committed(engine, org_id, session, 1)
+    await saga.begin(org_id, session)
+    claimed = await claim(saga, org_id, session)
+    await saga.fail_attempt(org_id, claimed.entry.entry_id, "smtp down")
+
+    clock.advance(LEASE_S * 2)  # the runner is still sleeping its backoff
+    assert await saga.claim(org_id, session, "proxy") is RollbackStatus.BUSY
+    clock.advance(LEASE_S)  # backoff and lease both over: the runner is gone
+    assert (await claim(saga, org_id, session)).entry.entry_id == claimed.entry.entry_id
 
 
 async def give_up(saga: Saga, org_id: str, session: str) -> tuple[Claim, CompensationFailed]:

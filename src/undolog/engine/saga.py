@@ -336,11 +336,14 @@ class Saga:
             entry = await self._running_entry(q, org_id, entry_id)
             attempts = entry.attempts + 1
             exhausted = attempts > entry.max_retries
+            # The runner sleeps the backoff before its next attempt: the lease covers both,
+            # or another runner would take the entry over from a live one mid-backoff.
+            lease = now + entry.retry_backoff_ms * 1000 + self.lease_us
             await q.update_undo_entry(
                 org_id, entry_id, expect_state=UndoState.RUNNING.value,
                 state=(UndoState.FAILED if exhausted else UndoState.RUNNING).value,
                 attempts=attempts, last_error=error, updated_us=now,
-                lease_expires_us=None if exhausted else now + self.lease_us,
+                lease_expires_us=None if exhausted else lease,
             )  # fmt: skip
             await q.insert_event(
                 org_id, "compensation_failed" if exhausted else "compensation_retrying",

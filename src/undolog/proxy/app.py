@@ -114,6 +114,14 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
         settings.upstream_url, timeout_seconds=settings.upstream_timeout_seconds
     )
     await executor.open()
+    if settings.lease_seconds <= settings.upstream_timeout_seconds:
+        # A duplicate arriving after the lease but before the upstream gives up would find
+        # a call that is still running "in doubt" (or re-run an idempotent one beside it).
+        structlog.get_logger("undolog.proxy").warning(
+            "lease_shorter_than_upstream_timeout",
+            lease_seconds=settings.lease_seconds,
+            upstream_timeout_seconds=settings.upstream_timeout_seconds,
+        )
     proxy_metrics = metrics or ProxyMetrics.create()
     return Runtime(
         store=store,
