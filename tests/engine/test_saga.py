@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -103,7 +104,8 @@ def pair(
     return entry(seq, entry_state, **entry_fields), effect(seq, effect_state)
 
 
-PLAN_TABLE: list[tuple[str, list[tuple[UndoEntryRecord, EffectRecord]], str, StepKind, int | None]] = [
+Stack = list[tuple[UndoEntryRecord, EffectRecord]]
+PLAN_TABLE: list[tuple[str, Stack, str, StepKind, int | None]] = [
     # (case, stack newest first, runner, expected kind, expected entry seq)
     ("an empty stack is done", [], "proxy", StepKind.DONE, None),
     (
@@ -156,7 +158,7 @@ PLAN_TABLE: list[tuple[str, list[tuple[UndoEntryRecord, EffectRecord]], str, Ste
     [pytest.param(s, r, k, q, id=case) for case, s, r, k, q in PLAN_TABLE],
 )
 def test_plan_next_picks_the_newest_unsettled_entry(
-    stack: list[tuple[UndoEntryRecord, EffectRecord]],
+    stack: Stack,
     runner: str,
     kind: StepKind,
     seq: int | None,
@@ -178,11 +180,13 @@ def test_plan_next_is_pure_and_leaves_its_input_alone() -> None:
 # -- Saga over both stores -----------------------------------------------------------------------
 
 EMAIL = {"to": "ada@example.com", "subject": "hello"}
-UNDO_EMAIL = {
+MAX_RETRIES = 2
+BACKOFF_MS = 10
+UNDO_EMAIL: dict[str, Any] = {
     "fn_name": "undo_send_email",
     "args": {"reason": "rollback"},
-    "max_retries": 2,
-    "retry_backoff_ms": 10,
+    "max_retries": MAX_RETRIES,
+    "retry_backoff_ms": BACKOFF_MS,
 }
 
 
@@ -208,6 +212,13 @@ def saga(store: Store, clock: Clock) -> Saga:
 
 def new_session() -> str:
     return str(uuid.uuid4())
+
+
+def refusals(
+    *calls: Callable[[], Awaitable[object]],
+) -> tuple[Callable[[], Awaitable[object]], ...]:
+    """Calls each expected to raise, made one at a time (typed for the loop over them)."""
+    return calls
 
 
 async def committed(
@@ -282,26 +293,26 @@ async def test_unknown_and_foreign_sessions_and_entries_are_not_found(
     session = new_session()
     await committed(engine, org_id, session, 1)
     other_org = f"{org_id}-other"
-    for call in (
-        saga.begin(org_id, new_session()),
-        saga.begin(other_org, session),
-        saga.claim(other_org, session, "proxy"),
-        saga.complete_session(other_org, session),
+    for call in refusals(
+        lambda: saga.begin(org_id, new_session()),
+        lambda: saga.begin(other_org, session),
+        lambda: saga.claim(other_org, session, "proxy"),
+        lambda: saga.complete_session(other_org, session),
     ):
         with pytest.raises(NotFound):
-            await call
+            await call()
     await saga.begin(org_id, session)
     entry_id = (await claim(saga, org_id, session)).entry.entry_id
-    for call in (
-        saga.complete(other_org, entry_id),
-        saga.fail_attempt(other_org, entry_id, "x"),
-        saga.retry(other_org, entry_id),
-        saga.resolve(other_org, entry_id, "x"),
-        saga.claim_entry(other_org, entry_id, "sdk"),
-        saga.complete(org_id, "no-such-entry"),
+    for call in refusals(
+        lambda: saga.complete(other_org, entry_id),
+        lambda: saga.fail_attempt(other_org, entry_id, "x"),
+        lambda: saga.retry(other_org, entry_id),
+        lambda: saga.resolve(other_org, entry_id, "x"),
+        lambda: saga.claim_entry(other_org, entry_id, "sdk"),
+        lambda: saga.complete(org_id, "no-such-entry"),
     ):
         with pytest.raises(NotFound):
-            await call
+            await call()
 
 
 async def test_a_claim_needs_a_compensating_session_and_a_known_runner(
@@ -323,7 +334,7 @@ async def test_the_stack_unwinds_newest_first_each_claim_carrying_args_and_the_f
     effects = [await committed(engine, org_id, session, step) for step in (1, 2, 3)]
     await saga.begin(org_id, session)
 
-    order = []
+    order: list[int] = []
     for expected in reversed(effects):
         clock.advance(1)
         claimed = await claim(saga, org_id, session)
@@ -332,7 +343,7 @@ async def test_the_stack_unwinds_newest_first_each_claim_carrying_args_and_the_f
             "running",
             clock.now + LEASE_S * SECOND,
         )
-        assert claimed.attempts_left == UNDO_EMAIL["max_retries"] + 1
+        assert claimed.attempts_left == MAX_RETRIES + 1
         step = len(effects) - len(order)
         assert claimed.payload == {
             "reason": "rollback",
@@ -427,7 +438,7 @@ async def test_a_failed_attempt_with_retries_left_keeps_the_claim_and_renews_its
     failed = await saga.fail_attempt(org_id, claimed.entry.entry_id, "smtp down")
 
     assert (failed.state, failed.attempts, failed.last_error) == ("running", 1, "smtp down")
-    backoff_us = UNDO_EMAIL["retry_backoff_ms"] * 1000
+    backoff_us = BACKOFF_MS * 1000
     assert failed.lease_expires_us == clock.now + backoff_us + LEASE_S * SECOND
     assert await session_state(store, org_id, session) == "compensating"
     done = await saga.complete(org_id, claimed.entry.entry_id)
@@ -456,7 +467,7 @@ async def test_a_claim_waiting_out_a_long_backoff_is_not_taken_over(
 async def give_up(saga: Saga, org_id: str, session: str) -> tuple[Claim, CompensationFailed]:
     """Claim the top entry and fail it until it exhausts its retries."""
     claimed = await claim(saga, org_id, session)
-    for attempt in range(UNDO_EMAIL["max_retries"]):
+    for attempt in range(MAX_RETRIES):
         await saga.fail_attempt(org_id, claimed.entry.entry_id, f"down {attempt + 1}")
     with pytest.raises(CompensationFailed) as raised:
         await saga.fail_attempt(org_id, claimed.entry.entry_id, "still down")
@@ -527,7 +538,7 @@ async def test_an_operator_retry_reopens_the_entry_with_fresh_retries(
     assert await session_state(store, org_id, session) == "compensating"
     again = await claim(saga, org_id, session)
     assert again.entry.entry_id == claimed.entry.entry_id
-    assert again.attempts_left == UNDO_EMAIL["max_retries"] + 1
+    assert again.attempts_left == MAX_RETRIES + 1
     await saga.complete(org_id, again.entry.entry_id)
     assert (await claim(saga, org_id, session)).entry.effect_id == older
     assert "compensation_retried" in await event_types(store, org_id, session)
@@ -561,20 +572,20 @@ async def test_only_a_failed_entry_can_be_retried_or_resolved(
     await committed(engine, org_id, session, 1)
     await saga.begin(org_id, session)
     claimed = await claim(saga, org_id, session)
-    for call in (
-        saga.retry(org_id, claimed.entry.entry_id),
-        saga.resolve(org_id, claimed.entry.entry_id, "n/a"),
+    for call in refusals(
+        lambda: saga.retry(org_id, claimed.entry.entry_id),
+        lambda: saga.resolve(org_id, claimed.entry.entry_id, "n/a"),
     ):
         with pytest.raises(InvalidStateTransition):
-            await call
+            await call()
     await saga.complete(org_id, claimed.entry.entry_id)
-    for call in (
-        saga.complete(org_id, claimed.entry.entry_id),
-        saga.fail_attempt(org_id, claimed.entry.entry_id, "late"),
-        saga.retry(org_id, claimed.entry.entry_id),
+    for call in refusals(
+        lambda: saga.complete(org_id, claimed.entry.entry_id),
+        lambda: saga.fail_attempt(org_id, claimed.entry.entry_id, "late"),
+        lambda: saga.retry(org_id, claimed.entry.entry_id),
     ):
         with pytest.raises(InvalidStateTransition):
-            await call
+            await call()
 
 
 async def test_a_compensation_registered_after_its_call_ran_violates_the_invariant(
@@ -643,7 +654,7 @@ async def test_an_sdk_entry_waits_for_the_sdk_which_claims_it_by_id(
 async def test_claims_survive_a_new_saga_over_the_same_store(
     saga: Saga, engine: Engine, store: Store, clock: Clock, org_id: str
 ) -> None:
-    """A restarted runner (a new Saga) sees the dead one's claim and takes it over after its lease."""
+    """A restarted runner (a new Saga) sees a dead one's claim, and takes it after its lease."""
     session = new_session()
     await committed(engine, org_id, session, 1)
     await saga.begin(org_id, session)

@@ -23,7 +23,7 @@ import orjson
 import pytest
 
 from tests.proxy.conftest import ProxyHarness
-from tests.support.servers import undolog_command
+from tests.support.servers import free_port, undolog_command
 from undolog.store import EventRecord, Queries, open_store
 
 T = TypeVar("T")
@@ -32,6 +32,11 @@ TOOL_CALL = "/mcp/tool_call"
 EMAIL = {"to": "ada@example.com", "subject": "Your refund"}
 TRANSFER = {"from_account": "ops", "to_account": "ada", "amount": 120}
 RECORD = {"table": "refunds", "data": {"id": 7}}
+WRITES: list[tuple[str, dict[str, Any]]] = [
+    ("send_email", EMAIL),
+    ("transfer_funds", TRANSFER),
+    ("create_record", RECORD),
+]
 COMPENSATIONS = ("undo_send_email", "reverse_transfer", "delete_record", "echo")
 
 
@@ -108,27 +113,25 @@ def on_store(proxy: ProxyHarness, work: Callable[[Queries], Awaitable[T]], *, wr
 
 
 def events(proxy: ProxyHarness, session: str) -> list[EventRecord]:
-    return on_store(
-        proxy, lambda q: q.list_events(proxy.org_id, session_id=session), write=False
-    )
+    return on_store(proxy, lambda q: q.list_events(proxy.org_id, session_id=session), write=False)
 
 
 def entry_of(data: dict[str, Any], effect_id: str) -> dict[str, Any]:
     [entry] = [u for u in data["undo_stack"] if u["effect_id"] == effect_id]
-    return entry
+    found: dict[str, Any] = entry
+    return found
 
 
 def effect_of(data: dict[str, Any], effect_id: str) -> dict[str, Any]:
     [effect] = [e for e in data["effects"] if e["effect_id"] == effect_id]
-    return effect
+    found: dict[str, Any] = effect
+    return found
 
 
 def three_writes(client: httpx.Client, session: str) -> list[tuple[str, dict[str, Any], Any]]:
     """send_email, transfer_funds, create_record: (effect id, args, ToolResult) oldest first."""
-    done = []
-    for step, (tool, args) in enumerate(
-        [("send_email", EMAIL), ("transfer_funds", TRANSFER), ("create_record", RECORD)], 1
-    ):
+    done: list[tuple[str, dict[str, Any], Any]] = []
+    for step, (tool, args) in enumerate(WRITES, 1):
         response = call(client, session, tool, args, step)
         assert response.json()["status"] == "executed", response.text
         done.append((response.json()["effect_id"], args, response.json()["result"]))
@@ -205,7 +208,11 @@ def test_captured_compensation_args_reach_the_compensation(proxy: ProxyHarness) 
         assert rollback(client, session).json()["outcome"] == "compensated"
 
     [made] = compensation_calls(proxy, session)
-    assert made["args"] == {"reason": "rollback", "original_args": RECORD, "original_result": result}
+    assert made["args"] == {
+        "reason": "rollback",
+        "original_args": RECORD,
+        "original_result": result,
+    }
 
 
 def test_the_rollback_events_are_in_the_log(proxy: ProxyHarness) -> None:
@@ -629,7 +636,10 @@ def test_a_mixed_stack_hands_sdk_entries_to_the_sdk_in_lifo_order(proxy: ProxyHa
         assert (early.status_code, early.json()["code"]) == (409, "invalid_state_transition")
         claimed = client.post(f"/undo/{local_entry}/claim")
         assert claimed.status_code == 200, claimed.text
-        assert claimed.json()["payload"] == {"original_args": {"n": 2}, "original_result": {"row": 2}}
+        assert claimed.json()["payload"] == {
+            "original_args": {"n": 2},
+            "original_result": {"row": 2},
+        }
         assert (claimed.json()["state"], claimed.json()["attempts_left"]) == ("running", 2)
         assert rollback(client, session).status_code == 409  # the SDK holds the top entry
         once = client.post(f"/undo/{local_entry}/fail", json={"error": "disk busy"})
@@ -668,7 +678,9 @@ def test_an_sdk_compensation_that_gives_up_escalates_like_a_proxy_one(
         answer = rollback(client, session)
 
     assert (gave_up.status_code, gave_up.json()["code"]) == (502, "compensation_failed")
-    assert gave_up.json()["message"] == "Compensation 'undo_local' failed after 1 retries: disk gone"
+    assert (
+        gave_up.json()["message"] == "Compensation 'undo_local' failed after 1 retries: disk gone"
+    )
     assert (answer.status_code, answer.json()["state"]) == (502, "compensation_failed")
     assert compensation_calls(proxy, session) == []  # the email's undo is not run past it
 
@@ -786,14 +798,15 @@ def test_the_cli_retries_and_resolves_failed_entries_so_the_rollback_finishes(
     assert executions(proxy, "undo_send_email") == {email_entry: 1}
 
 
-def test_the_cli_without_an_api_key_or_a_reachable_proxy_exits_2(proxy: ProxyHarness) -> None:
+def test_the_cli_without_an_api_key_or_a_reachable_proxy_exits_2() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("UNDOLOG_")}
+    closed = f"http://127.0.0.1:{free_port()}"
     no_key = subprocess.run(
-        undolog_command("sessions", "list", "--url", proxy.url),
+        undolog_command("sessions", "list", "--url", closed),
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     unreachable = subprocess.run(
-        undolog_command("sessions", "list", "--url", "http://127.0.0.1:9", "--api-key", "k"),
+        undolog_command("undo", "retry", "e-1", "--url", closed, "--api-key", "k"),
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert (no_key.returncode, unreachable.returncode) == (2, 2)

@@ -32,6 +32,9 @@ from undolog.demo.tools import create_demo_tools_app
 pytestmark = pytest.mark.slow
 
 LEASE_SECONDS = 2
+BACKOFF_MS = 3000
+"""A retry backoff long enough for the test to kill the proxy while it waits. The claim's lease
+covers the backoff too, so the successor waits out both (about five seconds)."""
 DEADLINE = 60.0
 EMAIL = {"to": "ada@example.com", "subject": "Your refund"}
 TRANSFER = {"from_account": "ops", "to_account": "ada", "amount": 120}
@@ -279,7 +282,7 @@ def test_a_rollback_killed_while_waiting_to_retry_resumes_the_same_entry_after_r
     lease = {"UNDOLOG_LEASE_SECONDS": str(LEASE_SECONDS)}
     [dying] = proxies.spawn("dying", **lease)
     backoff = {"fn_name": "reverse_transfer", "args": {"fail_times": 1}, "max_retries": 3,
-               "retry_backoff_ms": 600_000}  # fmt: skip
+               "retry_backoff_ms": BACKOFF_MS}  # fmt: skip
     session = proxies.setup_session(
         dying, transfer_funds={"tier": "compensable", "compensation": backoff}
     )
@@ -294,6 +297,7 @@ def test_a_rollback_killed_while_waiting_to_retry_resumes_the_same_entry_after_r
         dying.kill()
         with pytest.raises(httpx.TransportError):
             pending.result(timeout=DEADLINE)
+    assert list(upstream.get("/counters/reverse_transfer").values()) == [1]  # killed mid-backoff
 
     [successor] = proxies.spawn("successor", **lease)
     answer = proxies.rollback_until_settled(successor, session)

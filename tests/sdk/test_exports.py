@@ -30,6 +30,7 @@ EXPORTS: dict[str, list[str]] = {
         "undolog_tool",
     ],
     "undolog_sdk.client": ["InterceptResponse", "ProxyError", "UndoLogClient"],
+    "undolog_sdk.compensation": ["compensation", "registered_compensation", "unwind"],
     "undolog_sdk.session": ["UndoLogSession"],
     "undolog_sdk.decorators": ["AwaitingApprovalError", "current_effect_id", "undolog_tool"],
     "undolog_sdk.tier": ["CompensationDescriptor", "ToolTier"],
@@ -122,3 +123,13 @@ def test_importing_the_sdk_never_imports_the_server() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_compensation_decorator_is_imported_from_its_module_not_the_package() -> None:
+    """Re-exporting `compensation` from `undolog_sdk` would shadow the submodule of the same
+    name: `import undolog_sdk.compensation as m` would then bind the function."""
+    import undolog_sdk.compensation as module
+
+    assert module is importlib.import_module("undolog_sdk.compensation")
+    assert callable(module.compensation)
+    assert "compensation" not in undolog_sdk.__all__

@@ -10,9 +10,15 @@ names of its own, so no test sees another's functions.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -452,8 +458,7 @@ async def test_a_rollback_that_gives_up_in_a_raising_block_is_a_note_on_the_bloc
     assert raised.value is boom
     [note] = boom.__notes__
     assert note.startswith("UndoLog rollback did not finish: ")
-    assert "compensation_failed" in note or "CompensationFailed" in note
-    assert undo_never in note
+    assert "CompensationFailed" in note and undo_never in note
     assert ledger.names() == [undo_never] * 2
     view = session_view(proxy, session.session_id)
     assert view["state"] == "compensation_failed"
@@ -477,3 +482,175 @@ async def test_a_compensation_with_no_registered_function_escalates_after_its_re
     [entry] = view["undo_stack"]
     assert (entry["state"], entry["attempts"], entry["last_error"]) == ("failed", 3, message)
     assert view["state"] == "compensation_failed"
+
+
+# --- what leaves a session alone, and concurrent runners ----------------------------------------
+
+
+async def test_a_block_whose_calls_never_reached_the_proxy_neither_completes_nor_rolls_back(
+    proxy: ProxyHarness, client: UndoLogClient
+) -> None:
+    ledger = Ledger()
+    write_a = write_tool(client, "write_a", ledger.register("undo_a"))
+    session = UndoLogSession(org_id=proxy.org_id)
+
+    async with session:  # ends normally: nothing to complete, and no error from the exit
+        with pytest.raises(ValueError):
+            await write_a(float("nan"), _session=session)  # refused before the proxy is asked
+    boom = Boom("after a refused call")
+    with pytest.raises(Boom) as raised:
+        async with session:
+            with pytest.raises(ValueError):
+                await write_a(float("inf"), _session=session)
+            raise boom
+
+    assert raised.value is boom
+    assert not getattr(boom, "__notes__", None)  # no rollback of a session nobody recorded
+    with proxy.client() as c:
+        assert c.get(f"/sessions/{session.session_id}").status_code == 404
+    assert ledger.calls == []
+
+
+async def test_siblings_in_a_task_group_are_failed_before_the_rollback_which_skips_them(
+    proxy: ProxyHarness, client: UndoLogClient
+) -> None:
+    """A TaskGroup cancels the still-running sibling of a tool that raised: the cancelled
+    call is recorded as failed, so the rollback skips it instead of stopping at it."""
+    ledger = Ledger()
+    undo_slow, undo_bad = ledger.register("undo_slow"), ledger.register("undo_bad")
+    never = asyncio.Event()
+
+    @undolog_tool(
+        tier=ToolTier.COMPENSABLE, compensation=CompensationDescriptor.new(undo_slow), client=client
+    )
+    async def slow_write(n: int) -> dict[str, Any]:
+        await never.wait()  # still running when its sibling fails; cancelled by the group
+        return {"n": n}
+
+    @undolog_tool(
+        tier=ToolTier.COMPENSABLE, compensation=CompensationDescriptor.new(undo_bad), client=client
+    )
+    async def bad_write(n: int) -> dict[str, Any]:
+        raise Boom(f"write {n} failed")
+
+    session = UndoLogSession(org_id=proxy.org_id)
+    with pytest.raises(ExceptionGroup) as raised:
+        async with session, asyncio.TaskGroup() as group:
+            group.create_task(slow_write(1, _session=session))
+            group.create_task(bad_write(2, _session=session))
+
+    assert raised.group_contains(Boom)
+    assert not getattr(raised.value, "__notes__", None)
+    view = session_view(proxy, session.session_id)
+    assert view["state"] == "compensated"
+    assert effect_states(view) == {"slow_write": "failed", "bad_write": "failed"}
+    assert [u["state"] for u in view["undo_stack"]] == ["skipped", "skipped"]
+    assert ledger.calls == []
+
+
+class GatedClient(UndoLogClient):
+    """A client whose first claim waits for `before_claim`, and which signals `answered` once
+    the proxy has told it to run an entry: a test can line two runners up on one entry."""
+
+    def __init__(self, *args: Any, before_claim: asyncio.Event, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.before_claim = before_claim
+        self.answered = asyncio.Event()
+        self.claims: list[str] = []
+
+    async def rollback_session(self, org_id: str, session_id: str) -> dict[str, Any]:
+        answer = await super().rollback_session(org_id, session_id)
+        if answer["outcome"] == "waiting_for_runner":
+            self.answered.set()
+        return answer
+
+    async def claim_undo(self, org_id: str, entry_id: str) -> dict[str, Any]:
+        if not self.claims:
+            await asyncio.wait_for(self.before_claim.wait(), 30)
+        self.claims.append(entry_id)
+        return await super().claim_undo(org_id, entry_id)
+
+
+async def test_two_runners_handed_the_same_entry_run_each_compensation_once(
+    proxy: ProxyHarness, client: UndoLogClient
+) -> None:
+    """Both runners are told to run the top entry; the first claims it, the second's claim
+    comes while it runs. The loser waits for the winner and both end compensated."""
+    started = asyncio.Event()
+    ledger = Ledger()
+
+    async def mark_started() -> None:
+        started.set()
+
+    undo_old = ledger.register("undo_old")
+    undo_top = ledger.register("undo_top", check=mark_started)
+    write_old = write_tool(client, "write_old", undo_old)
+    write_top = write_tool(client, "write_top", undo_top)
+    session = UndoLogSession(org_id=proxy.org_id)
+    await write_old(1, _session=session)
+    await write_top(2, _session=session)
+
+    second_seen = asyncio.Event()
+    first = GatedClient(proxy.url, api_key=proxy.api_key, before_claim=second_seen)
+    second = GatedClient(proxy.url, api_key=proxy.api_key, before_claim=started)
+    second.answered = second_seen  # the first claims once the second has its answer too
+    runners = [
+        UndoLogSession(org_id=proxy.org_id, session_id=session.session_id, client=c)
+        for c in (first, second)
+    ]
+    try:
+        outcomes = await asyncio.gather(*(runner.rollback() for runner in runners))
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+    assert outcomes == ["compensated", "compensated"]
+    assert ledger.names() == [undo_top, undo_old]
+    assert first.claims[0] == second.claims[0]  # both went for the top entry
+    view = session_view(proxy, session.session_id)
+    assert [(u["fn_name"], u["state"], u["attempts"]) for u in view["undo_stack"]] == [
+        (undo_top, "compensated", 1),
+        (undo_old, "compensated", 1),
+    ]
+
+
+# --- the example ----------------------------------------------------------------------------------
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rollback.py"
+
+
+@pytest.mark.slow
+def test_the_rollback_example_undoes_its_charge_then_its_seat_and_exits_1(
+    proxy: ProxyHarness,
+) -> None:
+    env = {
+        **os.environ,
+        "UNDOLOG_PROXY_URL": proxy.url,
+        "UNDOLOG_API_KEY": proxy.api_key,
+        "UNDOLOG_ORG_ID": proxy.org_id,
+    }
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (1, "")
+    lines = done.stdout.splitlines()
+    session_id = lines[0].split()[1]
+    charge = next(line for line in lines if line.startswith("charge_card -> "))
+    charge_id = json.loads(charge.split(" -> ", 1)[1])["charge_id"]
+    assert [line for line in lines if line.startswith(("[undo]", "booking failed"))] == [
+        f"[undo] refund_charge {charge_id} (trip not booked)",
+        "[undo] release_seat 14C on LH 404",
+        "booking failed: the airline refused the ticket; the session was rolled back",
+    ]
+    view = session_view(proxy, session_id)
+    assert view["state"] == "compensated"
+    assert effect_states(view) == {
+        "reserve_seat": "compensated",
+        "charge_card": "compensated",
+        "issue_ticket": "failed",
+    }

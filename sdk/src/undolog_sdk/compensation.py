@@ -96,11 +96,10 @@ async def unwind(client: UndoLogClient, org_id: str, session_id: str) -> str:
         if outcome in DONE_OUTCOMES:
             return outcome
         entry = answer.get("next_entry") or {}
-        if outcome == "waiting_for_runner":
-            if await _run_entry(client, org_id, entry["entry_id"]):
-                continue
-            # Another runner claimed it between the proxy's answer and our claim: wait for
-            # that runner as for `busy` below, then ask again.
+        # A lost claim (another runner claimed the entry between the proxy's answer and ours)
+        # falls through to the wait for `busy` below, then asks again.
+        if outcome == "waiting_for_runner" and await _run_entry(client, org_id, entry["entry_id"]):
+            continue
         if outcome == "compensation_failed":
             raise _errors.CompensationFailed(
                 str(answer.get("fn_name") or entry.get("fn_name") or "?"),

@@ -32,7 +32,7 @@ class UndoLogSession:
     session_id: str = field(default_factory=_new_session_id)
     _step_index: int = field(default=0, repr=False)
     client: UndoLogClient | None = field(default=None, repr=False, compare=False)
-    """The client used to close the session; by default the one its tools last used."""
+    """The client used to close the session; by default the one its first tool call used."""
     _used: bool = field(default=False, init=False, repr=False, compare=False)
     _rolled_back: bool = field(default=False, init=False, repr=False, compare=False)
 

@@ -30,7 +30,7 @@ from undolog_sdk.errors import (
     SessionClosed,
 )
 
-__all__ = ["LISTABLE_STATUSES", "Approvals", "DecisionResult", "Verdict"]
+__all__ = ["LISTABLE_STATUSES", "Approvals", "DecisionResult", "ResolvedByPolicy", "Verdict"]
 
 LISTABLE_STATUSES = frozenset(s.value for s in ApprovalStatus)
 MAX_TEXT = 2000
@@ -48,6 +48,16 @@ class DecisionResult:
     approval: ApprovalRecord
     effect: EffectRecord
     run: Decision | None = None
+
+
+class ResolvedByPolicy(ApprovalAlreadyResolved):
+    """A decision that came after the deadline of an org that auto-approves: the policy
+    approved the call first. On the wire it is `approval_already_resolved`; `result` is the
+    policy's decision, whose `run` (proxy mode) the caller must still carry out."""
+
+    def __init__(self, approval_id: str, result: DecisionResult) -> None:
+        super().__init__(approval_id)
+        self.result = result
 
 
 def _now_us() -> int:
@@ -103,6 +113,8 @@ class Approvals:
         Raises:
             NotFound: no such approval in this org.
             ApprovalAlreadyResolved: it was decided already (by a person or by the sweep).
+            ResolvedByPolicy: its deadline passed and the org auto-approves: the policy
+                approved it now, and the caller must run `error.result.run` if set.
             ApprovalTimedOut: its deadline passed before this decision.
             SessionClosed: approving a call whose session no longer runs.
         """
@@ -137,7 +149,7 @@ class Approvals:
             expired = await self._expire(q, approval, effect, now)
             if expired.approval.status == ApprovalStatus.TIMED_OUT:
                 return ApprovalTimedOut(approval_id)
-            return ApprovalAlreadyResolved(approval_id)
+            return ResolvedByPolicy(approval_id, expired)
         if verdict is Verdict.REJECT:
             return await self._reject(q, approval, effect, now, reason, decided_by)
         session = await q.get_session(org_id, approval.session_id)

@@ -15,7 +15,7 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from undolog.engine.approvals import DecisionResult, Verdict
+from undolog.engine.approvals import DecisionResult, ResolvedByPolicy, Verdict
 from undolog.proxy.toolcall import execute_decision
 from undolog.proxy.wire import approval_json, error_response, json_response
 from undolog_sdk.errors import InvalidRequest, UndoLogError
@@ -98,6 +98,9 @@ async def _decide(request: Request, approval_id: str, verdict: Verdict) -> Respo
             org_id, approval_id, verdict, reason=reason, decided_by=who
         )
     except UndoLogError as exc:
+        if isinstance(exc, ResolvedByPolicy) and exc.result.run is not None:
+            # Too late: the org's timeout policy approved it first, so it runs now, once.
+            await _run_approved(runtime, exc.result, request_id)
         if not isinstance(exc, InvalidRequest):
             runtime.metrics.approval_decisions.labels(action, exc.code).inc()
             runtime.metrics.approval_decision_duration.labels(action).observe(
