@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Coroutine
 from typing import Any
 
 import typer
@@ -19,6 +20,17 @@ app = typer.Typer(add_completion=False, help="UndoLog: exactly-once, undoable, g
 
 DEMO_ORG = "demo"
 DEMO_TOOLS_PORT = 8090
+
+
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    """Run a server coroutine on uvloop when it is installed (as uvicorn itself would)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
 
 
 def _settings(**flags: Any) -> Settings:
@@ -64,7 +76,7 @@ def serve(
     if demo and upstream_url is None:
         flags["upstream_url"] = f"http://127.0.0.1:{demo_tools_port}"
     settings = _settings(**flags)
-    asyncio.run(_serve(settings, demo=demo, demo_tools_port=demo_tools_port))
+    _run(_serve(settings, demo=demo, demo_tools_port=demo_tools_port))
 
 
 async def _serve(settings: Settings, *, demo: bool, demo_tools_port: int) -> None:
@@ -151,7 +163,7 @@ def demo_tools(
     """Run the demo tool server (the upstream of the demo and the tests)."""
     from undolog.demo.tools import run_demo_tools
 
-    asyncio.run(run_demo_tools(host, port))
+    _run(run_demo_tools(host, port))
 
 
 @app.command()

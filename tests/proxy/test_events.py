@@ -168,10 +168,15 @@ async def test_a_client_without_a_last_event_id_gets_only_new_events(
     session = new_session()
     async with proxy.async_client() as c:
         await echo(c, session, 1)
+        earlier = await everything(c, 2)
+        broker = proxy.runtime.broker
+        await await_until(lambda: broker.hwm >= earlier[-1].number, what="the broker")
         async with EventStream(c) as stream:
-            await echo(c, session, 2)
-            first = await stream.next()
-    assert first.json["payload"]["step_index"] == 2
+            second = await echo(c, session, 2)
+            events = await stream.take(2)
+    assert [(e.event, e.json["effect_id"]) for e in events] == [
+        ("effect_intercepted", second), ("effect_committed", second),
+    ]  # fmt: skip
 
 
 async def test_a_last_event_id_that_is_not_a_number_is_a_400(proxy: ProxyHarness) -> None:
@@ -237,7 +242,7 @@ async def test_a_client_resumes_across_a_kill_9_of_the_proxy_without_missing_any
             (await c.put(f"/tools/{name}", json=spec)).raise_for_status()
         async with EventStream(c) as stream:
             for step in (1, 2):
-                await echo(c, session, step)
+                steps[await echo(c, session, step)] = step
             before = await stream.take(4)
             first.kill()
             await stream.closed.wait()

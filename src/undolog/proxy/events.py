@@ -39,6 +39,7 @@ __all__ = ["EventBroker", "router"]
 
 CHANNEL = "undolog_events"
 PING_SECONDS = 25
+ANNOUNCE_EVERY_SECONDS = 0.05
 REPLAY_PAGE = 500
 
 
@@ -77,6 +78,7 @@ class EventBroker:
     _task: asyncio.Task[None] | None = None
     _gap_since: float | None = None
     _closers: list[Any] = field(default_factory=list)
+    _advancing: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def start(self) -> None:
         async with self.store.reader() as q:
@@ -98,26 +100,44 @@ class EventBroker:
                 await result
 
     def _local_commit(self) -> None:
-        self._wake.set()
         self._announce = True
+        if self._subscribers_total:
+            self._wake.set()
 
     _announce: bool = False
+    _last_announce: float = 0.0
+    _subscribers_total: int = 0
 
     async def _run(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
             self._wake.clear()
-            if self._announce:
+            now = time.monotonic()
+            if self._announce and now - self._last_announce >= ANNOUNCE_EVERY_SECONDS:
+                # At most one NOTIFY per interval, however many commits: the hot path
+                # never pays for it, and listeners re-read everything new anyway.
                 self._announce = False
+                self._last_announce = now
                 with contextlib.suppress(Exception):  # other processes still poll
                     await self.store.announce(CHANNEL)
+            if not self._subscribers_total:
+                continue  # nobody listens here: catch up when someone subscribes
             try:
                 await self._advance()
             except Exception:  # the store is down: keep polling
                 await asyncio.sleep(self.poll_seconds)
 
+    async def catch_up(self) -> None:
+        """Read up to the present (a new subscriber's replay ends at `hwm`)."""
+        with contextlib.suppress(Exception):
+            await self._advance()
+
     async def _advance(self) -> None:
+        async with self._advancing:  # the loop and a new subscriber's catch-up take turns
+            await self._advance_locked()
+
+    async def _advance_locked(self) -> None:
         while True:
             async with self.store.reader() as q:
                 rows = await q.list_events_since(self.hwm, REPLAY_PAGE)
@@ -153,12 +173,15 @@ class EventBroker:
             return None
         sub = Subscriber(org_id, asyncio.Queue(self.queue_size))
         subs.add(sub)
+        self._subscribers_total += 1
         self.metrics.sse_subscribers.labels(org_id).set(len(subs))
         return sub
 
     def unsubscribe(self, sub: Subscriber) -> None:
         subs = self._subscribers.get(sub.org_id, set())
-        subs.discard(sub)
+        if sub in subs:
+            subs.discard(sub)
+            self._subscribers_total -= 1
         self.metrics.sse_subscribers.labels(sub.org_id).set(len(subs))
 
 
@@ -189,6 +212,7 @@ async def events(request: Request) -> Response:
             error_body(request.state.request_id, "invalid_request", "Last-Event-ID must be an id"),
             400,
         )
+    await broker.catch_up()
     sub = broker.subscribe(org_id)
     if sub is None:
         return json_response(
