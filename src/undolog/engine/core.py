@@ -536,32 +536,21 @@ class Engine:
             created_us=now,
             updated_us=now,
         )
-        if not await q.insert_effect(effect):
-            return None
         if executing:
+            undo = None
             if tool.compensation_json is not None:
-                await q.insert_undo_entry(
-                    self._undo_entry(effect, tool.compensation_json, registered)
-                )
-            await q.insert_event(
-                org_id,
-                "effect_intercepted",
-                session_id,
-                effect_id,
-                _event_json(
-                    {
-                        "stage": "executing",
-                        "tool_name": tool.name,
-                        "tier": tool.tier,
-                        "step_index": step,
-                        "attempt": 1,
-                        "mode": mode,
-                    }
-                ),
-                now,
-            )
+                undo = self._undo_entry(effect, tool.compensation_json, registered)
+            payload = _event_json(
+                {"stage": "executing", "tool_name": tool.name, "tier": tool.tier,
+                 "step_index": step, "attempt": 1, "mode": mode}
+            )  # fmt: skip
+            # The intent, its undo entry and its event, together (one statement on PostgreSQL).
+            if not await q.insert_executing_effect(effect, undo, "effect_intercepted", payload):
+                return None
             decision = Decision(Outcome.EXECUTE, effect_id, step, signature, tool)
             return _Plan(decision=decision)
+        if not await q.insert_effect(effect):
+            return None
         org = await self._org(q, org_id)
         timeout_s = org.approval_timeout_s if org else DEFAULT_APPROVAL_TIMEOUT_S
         approval = ApprovalRecord(
@@ -820,43 +809,26 @@ class Engine:
         undoable: bool = True,
     ) -> EffectRecord:
         now = self._clock()
-        async with self.store.transaction() as q:
-            for from_state in (EffectState.EXECUTING, EffectState.IN_DOUBT):
-                changed = await q.update_effect(
-                    org_id,
-                    effect_id,
-                    expect_state=from_state.value,
-                    state=target.value,
-                    result=result_json,
-                    error=error,
-                    lease_expires_us=None,
-                    finished_us=now,
-                    updated_us=now,
-                )
-                if changed:
-                    break
-            effect = await q.get_effect(org_id, effect_id)
-            if effect is None:
-                raise NotFound(f"effect '{effect_id}' not found")
-            if not changed:
-                check_effect_transition(effect_id, effect.state, target.value)
-                raise NotExecuting(effect_id)  # pragma: no cover - the check above raises
-            payload: dict[str, Any] = {
-                "stage": target.value,
-                "tool_name": effect.tool_name,
-                "attempt": effect.attempts,
-            }
-            if error is not None:
-                payload["error"] = error
-            if resolved:
-                payload["resolved_by"] = "operator"
-            if not undoable:
-                payload["undo"] = "skipped: the tool reported a logical failure"
+        extra: dict[str, Any] = {}
+        if error is not None:
+            extra["error"] = error
+        if resolved:
+            extra["resolved_by"] = "operator"
+        if not undoable:
+            extra["undo"] = "skipped: the tool reported a logical failure"
+        event = "effect_committed" if target is EffectState.COMMITTED else "effect_failed"
+        scope = self.store.atomic() if undoable else self.store.transaction()
+        async with scope as q:
+            effect = await q.finish_effect(
+                org_id, effect_id, target=target.value, result_json=result_json, error=error,
+                now_us=now, event_type=event, extra=extra,
+            )  # fmt: skip
+            if effect is not None and not undoable:
                 await q.skip_pending_undo_entries(org_id, effect_id, now)
-            event = "effect_committed" if target is EffectState.COMMITTED else "effect_failed"
-            await q.insert_event(
-                org_id, event, effect.session_id, effect_id, _event_json(payload), now
-            )
+        if effect is None:
+            current = await self.get_effect(org_id, effect_id)  # NotFound if there is none
+            check_effect_transition(effect_id, current.state, target.value)
+            raise NotExecuting(effect_id)  # pragma: no cover - the check above raises
         return effect
 
     # -- reads -------------------------------------------------------------------------------

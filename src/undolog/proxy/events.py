@@ -188,8 +188,9 @@ class EventBroker:
 router = APIRouter()
 
 
-def _sse(event: EventRecord) -> ServerSentEvent:
-    return ServerSentEvent(data=event_data(event), event=event.type, id=str(event.event_id))
+def _sse(event: EventRecord) -> bytes:
+    """An event laid out as the REST reference shows it: `event:`, `id:`, `data:`."""
+    return f"event: {event.type}\nid: {event.event_id}\ndata: {event_data(event)}\n\n".encode()
 
 
 def _resume_from(request: Request) -> int | None:
@@ -225,9 +226,11 @@ async def events(request: Request) -> Response:
         )
     upto = broker.hwm  # the replay goes to here; the queue has everything after it
 
-    async def stream() -> AsyncIterator[ServerSentEvent]:
+    async def stream() -> AsyncIterator[bytes]:
         try:
-            last = upto
+            # A client may resume from an id this process has not reached yet (it saw it
+            # through another process): what it saw must not come again from the queue.
+            last = upto if after is None else max(upto, after)
             if after is not None:
                 cursor = after
                 while cursor < upto:
@@ -251,6 +254,7 @@ async def events(request: Request) -> Response:
     return EventSourceResponse(
         stream(),
         ping=PING_SECONDS,
-        ping_message_factory=lambda: ServerSentEvent(comment="ping"),
+        sep="\n",
+        ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -16,6 +16,8 @@ from contextlib import AbstractAsyncContextManager
 from importlib import resources
 from typing import Any, ClassVar
 
+import orjson
+
 from undolog.store.records import (
     ApprovalRecord,
     EffectRecord,
@@ -26,9 +28,9 @@ from undolog.store.records import (
     UndoEntryRecord,
 )
 
-__all__ = ["Queries", "Store", "load_migrations"]
+__all__ = ["EFFECT_COLUMNS", "Queries", "Store", "load_migrations"]
 
-_EFFECT_COLUMNS = (
+EFFECT_COLUMNS = (
     "effect_id, org_id, session_id, step_index, tool_name, tool_version, tier, call_signature, "
     "args, state, mode, attempts, result, error, lease_expires_us, executed_us, finished_us, "
     "created_us, updated_us"
@@ -256,7 +258,7 @@ class Queries(abc.ABC):
 
     async def get_effect(self, org_id: str, effect_id: str) -> EffectRecord | None:
         row = await self._fetchrow(
-            f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE org_id = ? AND effect_id = ?",
+            f"SELECT {EFFECT_COLUMNS} FROM effects WHERE org_id = ? AND effect_id = ?",
             org_id,
             effect_id,
         )
@@ -264,7 +266,7 @@ class Queries(abc.ABC):
 
     async def get_effect_by_signature(self, org_id: str, signature: str) -> EffectRecord | None:
         row = await self._fetchrow(
-            f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE org_id = ? AND call_signature = ?",
+            f"SELECT {EFFECT_COLUMNS} FROM effects WHERE org_id = ? AND call_signature = ?",
             org_id,
             signature,
         )
@@ -276,7 +278,7 @@ class Queries(abc.ABC):
         """The latest effect of this session for the same tool and args in one of `states`."""
         marks = ", ".join("?" for _ in states)
         row = await self._fetchrow(
-            f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE org_id = ? AND session_id = ? "
+            f"SELECT {EFFECT_COLUMNS} FROM effects WHERE org_id = ? AND session_id = ? "
             f"AND tool_name = ? AND args = ? AND state IN ({marks}) "
             "ORDER BY step_index DESC LIMIT 1",
             org_id,
@@ -290,7 +292,7 @@ class Queries(abc.ABC):
     async def insert_effect(self, effect: EffectRecord) -> bool:
         """Insert an effect unless its signature exists in the org; True when inserted."""
         changed = await self._execute(
-            f"INSERT INTO effects ({_EFFECT_COLUMNS}) VALUES "
+            f"INSERT INTO effects ({EFFECT_COLUMNS}) VALUES "
             "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (org_id, call_signature) DO NOTHING",
             effect.effect_id,
@@ -315,6 +317,25 @@ class Queries(abc.ABC):
         )
         return changed == 1
 
+    async def insert_executing_effect(
+        self,
+        effect: EffectRecord,
+        undo: UndoEntryRecord | None,
+        event_type: str,
+        payload_json: str,
+    ) -> bool:
+        """Insert a new effect with its undo entry (if any) and its event, unless the
+        signature exists in the org; True when inserted. Dialects may do it in one statement."""
+        if not await self.insert_effect(effect):
+            return False
+        if undo is not None:
+            await self.insert_undo_entry(undo)
+        await self.insert_event(
+            effect.org_id, event_type, effect.session_id, effect.effect_id, payload_json,
+            effect.created_us,
+        )  # fmt: skip
+        return True
+
     async def update_effect(
         self, org_id: str, effect_id: str, *, expect_state: str | None = None, **changes: Any
     ) -> bool:
@@ -333,9 +354,45 @@ class Queries(abc.ABC):
             args.append(expect_state)
         return await self._execute(sql, *args) == 1
 
+    async def finish_effect(
+        self,
+        org_id: str,
+        effect_id: str,
+        *,
+        target: str,
+        result_json: str | None,
+        error: str | None,
+        now_us: int,
+        event_type: str,
+        extra: dict[str, Any],
+    ) -> EffectRecord | None:
+        """Move a running (or in-doubt) effect to `target` and log the event; None when it
+        was in neither state (or does not exist). Dialects may do it in one statement."""
+        row = await self._fetchrow(
+            "UPDATE effects SET state = ?, result = ?, error = ?, lease_expires_us = NULL, "
+            "finished_us = ?, updated_us = ? WHERE org_id = ? AND effect_id = ? "
+            f"AND state IN ('executing', 'in_doubt') RETURNING {EFFECT_COLUMNS}",
+            target,
+            result_json,
+            error,
+            now_us,
+            now_us,
+            org_id,
+            effect_id,
+        )
+        if row is None:
+            return None
+        effect = _effect(row)
+        payload = {"stage": target, "tool_name": effect.tool_name, "attempt": effect.attempts}
+        payload.update(extra)
+        await self.insert_event(
+            org_id, event_type, effect.session_id, effect_id, orjson.dumps(payload).decode(), now_us
+        )
+        return effect
+
     async def list_effects(self, org_id: str, session_id: str) -> list[EffectRecord]:
         rows = await self._fetch(
-            f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE org_id = ? AND session_id = ? "
+            f"SELECT {EFFECT_COLUMNS} FROM effects WHERE org_id = ? AND session_id = ? "
             "ORDER BY step_index, created_us",
             org_id,
             session_id,
@@ -616,6 +673,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def reader(self) -> AbstractAsyncContextManager[Queries]:
         """Reads outside a transaction (each statement sees committed data)."""
+
+    def atomic(self) -> AbstractAsyncContextManager[Queries]:
+        """For one `Queries` call that a dialect does in a single statement: no explicit
+        transaction needed there (PostgreSQL). By default, a transaction."""
+        return self.transaction()
 
     @abc.abstractmethod
     def autocommit(self) -> AbstractAsyncContextManager[Queries]:

@@ -17,8 +17,10 @@ from functools import lru_cache
 from typing import Any
 
 import asyncpg
+import orjson
 
-from undolog.store.base import Queries, Store, load_migrations
+from undolog.store.base import EFFECT_COLUMNS, Queries, Store, load_migrations
+from undolog.store.records import EffectRecord, UndoEntryRecord
 from undolog_sdk.errors import AdvisoryLockTimeout, Database
 
 __all__ = ["PostgresStore", "advisory_key"]
@@ -50,11 +52,95 @@ _DRIVER_ERRORS = (
 )
 
 
+async def _keep(conn: asyncpg.Connection) -> None:
+    """Hand a connection back to the pool as it is.
+
+    asyncpg's default reset costs a round trip on every release (RESET ALL, UNLISTEN, ...);
+    our connections carry no session state: locks are transaction-scoped, settings are
+    `SET LOCAL`, and LISTEN uses a connection of its own, outside the pool.
+    """
+
+
 class _PostgresQueries(Queries):
     _SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self._conn = conn
+
+    async def finish_effect(
+        self,
+        org_id: str,
+        effect_id: str,
+        *,
+        target: str,
+        result_json: str | None,
+        error: str | None,
+        now_us: int,
+        event_type: str,
+        extra: dict[str, Any],
+    ) -> EffectRecord | None:
+        # One statement (so no BEGIN/COMMIT round trips): the update and its event row.
+        self.events_written = True
+        row = await self._conn.fetchrow(
+            "WITH u AS (UPDATE effects SET state = $1, result = $2, error = $3, "
+            "lease_expires_us = NULL, finished_us = $4, updated_us = $4 "
+            "WHERE org_id = $5 AND effect_id = $6 AND state IN ('executing', 'in_doubt') "
+            f"RETURNING {EFFECT_COLUMNS}), "
+            "e AS (INSERT INTO events (org_id, type, session_id, effect_id, payload, created_us) "
+            "SELECT org_id, $7, session_id, effect_id, (jsonb_build_object('stage', $1::text, "
+            "'tool_name', tool_name, 'attempt', attempts) || $8::jsonb)::text, $4 FROM u) "
+            f"SELECT {EFFECT_COLUMNS} FROM u",
+            target,
+            result_json,
+            error,
+            now_us,
+            org_id,
+            effect_id,
+            event_type,
+            orjson.dumps(extra).decode(),
+        )
+        return EffectRecord(*row) if row is not None else None
+
+    async def insert_executing_effect(
+        self,
+        effect: EffectRecord,
+        undo: UndoEntryRecord | None,
+        event_type: str,
+        payload_json: str,
+    ) -> bool:
+        # One statement: the undo entry and the event are written only if the effect was.
+        self.events_written = True
+        e = effect
+        args: list[Any] = [
+            e.effect_id, e.org_id, e.session_id, e.step_index, e.tool_name, e.tool_version,
+            e.tier, e.call_signature, e.args_json, e.state, e.mode, e.attempts, e.result_json,
+            e.error, e.lease_expires_us, e.executed_us, e.finished_us, e.created_us,
+            e.updated_us, event_type, payload_json,
+        ]  # fmt: skip
+        undo_sql = ""
+        if undo is not None:
+            u = undo
+            args += [
+                u.entry_id, u.fn_name, u.fn_version, u.args_json, u.max_retries,
+                u.retry_backoff_ms, u.registered_us, u.state, u.attempts, u.runner,
+            ]  # fmt: skip
+            undo_sql = (
+                ", u AS (INSERT INTO undo_entries (entry_id, org_id, session_id, effect_id, "
+                "fn_name, fn_version, args, max_retries, retry_backoff_ms, registered_us, state, "
+                "attempts, updated_us, runner) SELECT $22, org_id, session_id, effect_id, $23, "
+                "$24, $25, $26, $27, $28, $29, $30, $28, $31 FROM ins)"
+            )
+        row = await self._conn.fetchrow(
+            f"WITH ins AS (INSERT INTO effects ({EFFECT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, "
+            "$6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) "
+            "ON CONFLICT (org_id, call_signature) DO NOTHING "
+            "RETURNING org_id, session_id, effect_id, created_us)"
+            f"{undo_sql}, ev AS (INSERT INTO events (org_id, type, session_id, effect_id, "
+            "payload, created_us) SELECT org_id, $20, session_id, effect_id, $21, created_us "
+            "FROM ins) SELECT count(*) FROM ins",
+            *args,
+        )
+        return bool(row and row[0])
 
     async def _fetchrow(self, sql: str, *args: Any) -> Sequence[Any] | None:
         row = await self._conn.fetchrow(_dollar(sql), *args)
@@ -99,7 +185,7 @@ class PostgresStore(Store):
         dsn = "postgresql://" + url.split("://", 1)[1]
         try:
             pool = await asyncpg.create_pool(
-                dsn, min_size=min_size, max_size=max_size, command_timeout=60
+                dsn, min_size=min_size, max_size=max_size, command_timeout=60, reset=_keep
             )
         except (TimeoutError, *_DRIVER_ERRORS) as exc:
             raise Database(f"cannot connect to PostgreSQL: {exc}") from exc
@@ -173,6 +259,9 @@ class PostgresStore(Store):
             raise Database(str(exc)) from exc
 
     def autocommit(self) -> AbstractAsyncContextManager[Queries]:
+        return self.reader()
+
+    def atomic(self) -> AbstractAsyncContextManager[Queries]:
         return self.reader()
 
     async def schema_version(self) -> int:
