@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from undolog.engine import Decision, Engine, Outcome
-from undolog.engine.core import check_registered_before_executed
+from undolog.engine.model import check_registered_before_executed
 from undolog.store import ApprovalRecord, EffectRecord, EventRecord, Store
 from undolog_sdk.errors import (
     ApprovalRejected,

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import orjson
 
-from undolog.engine.core import Decision, Engine, lock_key
+from undolog.engine.core import Engine
 from undolog.engine.decide import Action
+from undolog.engine.model import Decision, lock_key
 from undolog.engine.states import ApprovalStatus, EffectState, SessionState
 from undolog.store.base import Queries
 from undolog.store.records import ApprovalRecord, EffectRecord

@@ -8,18 +8,23 @@ HTTP: it raises the errors of `undolog_sdk.errors` and the proxy maps them to th
 
 from __future__ import annotations
 
-import enum
 import math
-import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import blake3
 import orjson
 
 from undolog.engine.decide import Action, decide
+from undolog.engine.model import (
+    Decision,
+    Outcome,
+    SessionView,
+    event_json,
+    now_us,
+    session_lock_key,
+)
 from undolog.engine.states import (
     REPLAYABLE_STATES,
     ApprovalStatus,
@@ -39,7 +44,6 @@ from undolog.store.records import (
 from undolog_sdk.errors import (
     ApprovalRejected,
     ApprovalTimedOut,
-    CompensationRegisteredTooLate,
     DuplicateSignature,
     EffectInDoubt,
     InProgress,
@@ -53,13 +57,7 @@ from undolog_sdk.errors import (
 from undolog_sdk.signature import call_signature, canonical_json
 from undolog_sdk.tier import CompensationDescriptor, ToolTier
 
-__all__ = [
-    "Decision",
-    "Engine",
-    "Outcome",
-    "SessionView",
-    "check_registered_before_executed",
-]
+__all__ = ["Engine"]
 
 MODES = ("proxy", "sdk")
 DEFAULT_APPROVAL_TIMEOUT_S = 3600
@@ -74,65 +72,6 @@ _UNFINISHED_STATES = (
 _APPROVAL_STATES = frozenset(
     {EffectState.AWAITING_APPROVAL, EffectState.REJECTED, EffectState.TIMED_OUT}
 )
-
-
-class Outcome(enum.Enum):
-    """The three answers of intercept (names as in the SDK reference)."""
-
-    EXECUTE = "Execute"
-    REPLAY = "Replay"
-    AWAITING_APPROVAL = "AwaitingApproval"
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What the caller of intercept must do next.
-
-    `logged` is False for a SAFE call: nothing was written, and there is nothing to commit.
-    The effect id doubles as the idempotency key the tool receives.
-    """
-
-    outcome: Outcome
-    effect_id: str
-    step_index: int | None
-    signature: str | None
-    tool: ToolRecord
-    attempt: int = 1
-    approval_id: str | None = None
-    result_json: str | None = None
-    logged: bool = True
-
-
-@dataclass(frozen=True)
-class SessionView:
-    session: SessionRecord
-    effects: list[EffectRecord]
-    undo_entries: list[UndoEntryRecord]
-    approvals: list[ApprovalRecord]
-    replay_counts: dict[str, int] = field(default_factory=dict)
-
-
-def check_registered_before_executed(entry: UndoEntryRecord, effect: EffectRecord) -> None:
-    """The saga's core invariant: a compensation is on the stack before its call runs."""
-    if effect.executed_us is None or not entry.registered_us < effect.executed_us:
-        raise CompensationRegisteredTooLate(effect.effect_id)
-
-
-def _now_us() -> int:
-    return time.time_ns() // 1000
-
-
-def lock_key(*parts: str) -> str:
-    """A lock key (hex, as call signatures are) for anything that is not a call."""
-    return blake3.blake3("\0".join(parts).encode()).hexdigest()
-
-
-def session_lock_key(org_id: str, session_id: str) -> str:
-    return lock_key("session", org_id, session_id)
-
-
-def _event_json(payload: dict[str, Any]) -> str:
-    return orjson.dumps(payload).decode()
 
 
 @dataclass
@@ -162,7 +101,7 @@ class Engine:
         lease_seconds: float = 60.0,
         retry_after_seconds: int = 5,
         tool_cache_seconds: float = 2.0,
-        clock_us: Callable[[], int] = _now_us,
+        clock_us: Callable[[], int] = now_us,
     ) -> None:
         self.store = store
         self.lease_us = int(lease_seconds * 1_000_000)
@@ -369,7 +308,7 @@ class Engine:
                 "effect_replayed",
                 effect.session_id,
                 effect.effect_id,
-                _event_json(
+                event_json(
                     {
                         "stage": "replayed",
                         "tool_name": effect.tool_name,
@@ -540,7 +479,7 @@ class Engine:
             undo = None
             if tool.compensation_json is not None:
                 undo = self._undo_entry(effect, tool.compensation_json, registered)
-            payload = _event_json(
+            payload = event_json(
                 {"stage": "executing", "tool_name": tool.name, "tier": tool.tier,
                  "step_index": step, "attempt": 1, "mode": mode}
             )  # fmt: skip
@@ -573,7 +512,7 @@ class Engine:
             "approval_required",
             session_id,
             effect_id,
-            _event_json(
+            event_json(
                 {
                     "stage": "awaiting_approval",
                     "approval_id": approval.approval_id,
@@ -633,7 +572,7 @@ class Engine:
                 "effect_replayed",
                 effect.session_id,
                 effect_id,
-                _event_json(
+                event_json(
                     {
                         "stage": "replayed",
                         "tool_name": effect.tool_name,
@@ -682,7 +621,7 @@ class Engine:
                 "effect_failed",
                 effect.session_id,
                 effect_id,
-                _event_json(
+                event_json(
                     {
                         "stage": "in_doubt",
                         "tool_name": effect.tool_name,
@@ -724,7 +663,7 @@ class Engine:
             "effect_intercepted",
             effect.session_id,
             effect_id,
-            _event_json(
+            event_json(
                 {
                     "stage": "executing",
                     "tool_name": effect.tool_name,

@@ -18,8 +18,9 @@ from typing import Any
 
 import orjson
 
-from undolog.engine.core import check_registered_before_executed, session_lock_key
+from undolog.engine.model import check_registered_before_executed, session_lock_key
 from undolog.engine.states import (
+    ApprovalStatus,
     EffectState,
     SessionState,
     UndoState,
@@ -154,11 +155,39 @@ class Saga:
                 return session
             check_session_transition(session_id, session.state, SessionState.COMPENSATING)
             await q.update_session(org_id, session_id, now, state=SessionState.COMPENSATING)
+            await self._withdraw_approvals(q, session, now, "the session was rolled back")
             await q.insert_event(
                 org_id, "session_compensating", session_id, None,
                 _event({"stage": "compensating", "from": session.state}), now,
             )  # fmt: skip
             return await self._session(q, org_id, session_id)
+
+    async def _withdraw_approvals(
+        self, q: Queries, session: SessionRecord, now: int, reason: str
+    ) -> None:
+        """A closed session's pending approvals can never run: reject them, so nobody is
+        asked to decide on them."""
+        for approval in await q.list_session_approvals(session.org_id, session.session_id):
+            if approval.status != ApprovalStatus.PENDING:
+                continue
+            changed = await q.update_approval(
+                session.org_id, approval.approval_id, expect_status=ApprovalStatus.PENDING.value,
+                status=ApprovalStatus.REJECTED.value, decided_us=now, decided_by="undolog",
+                reason=reason,
+            )  # fmt: skip
+            if not changed:
+                continue
+            await q.update_effect(
+                session.org_id, approval.effect_id,
+                expect_state=EffectState.AWAITING_APPROVAL.value,
+                state=EffectState.REJECTED.value, finished_us=now, updated_us=now,
+            )  # fmt: skip
+            await q.insert_event(
+                session.org_id, "approval_rejected", session.session_id, approval.effect_id,
+                _event({"approval_id": approval.approval_id, "tool_name": approval.tool_name,
+                        "decided_by": "undolog", "reason": reason}),
+                now,
+            )  # fmt: skip
 
     async def _stack(
         self, q: Queries, org_id: str, session_id: str
@@ -427,6 +456,7 @@ class Saga:
                 return session
             check_session_transition(session_id, session.state, SessionState.COMPLETED)
             await q.update_session(org_id, session_id, now, state=SessionState.COMPLETED)
+            await self._withdraw_approvals(q, session, now, "the session was completed")
             await q.insert_event(
                 org_id, "session_completed", session_id, None,
                 _event({"stage": "completed"}), now,

@@ -1,0 +1,93 @@
+"""What the engine hands out: decisions, session views, lock keys, and the saga invariant.
+
+Plain values and pure helpers, shared by the engine, the saga and the approvals.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import blake3
+import orjson
+
+from undolog.store.records import (
+    ApprovalRecord,
+    EffectRecord,
+    SessionRecord,
+    ToolRecord,
+    UndoEntryRecord,
+)
+from undolog_sdk.errors import CompensationRegisteredTooLate
+
+__all__ = [
+    "Decision",
+    "Outcome",
+    "SessionView",
+    "check_registered_before_executed",
+    "event_json",
+    "lock_key",
+    "now_us",
+    "session_lock_key",
+]
+
+
+class Outcome(enum.Enum):
+    """The three answers of intercept (names as in the SDK reference)."""
+
+    EXECUTE = "Execute"
+    REPLAY = "Replay"
+    AWAITING_APPROVAL = "AwaitingApproval"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the caller of intercept must do next.
+
+    `logged` is False for a SAFE call: nothing was written, and there is nothing to commit.
+    The effect id doubles as the idempotency key the tool receives.
+    """
+
+    outcome: Outcome
+    effect_id: str
+    step_index: int | None
+    signature: str | None
+    tool: ToolRecord
+    attempt: int = 1
+    approval_id: str | None = None
+    result_json: str | None = None
+    logged: bool = True
+
+
+@dataclass(frozen=True)
+class SessionView:
+    session: SessionRecord
+    effects: list[EffectRecord]
+    undo_entries: list[UndoEntryRecord]
+    approvals: list[ApprovalRecord]
+    replay_counts: dict[str, int] = field(default_factory=dict)
+
+
+def check_registered_before_executed(entry: UndoEntryRecord, effect: EffectRecord) -> None:
+    """The saga's core invariant: a compensation is on the stack before its call runs."""
+    if effect.executed_us is None or not entry.registered_us < effect.executed_us:
+        raise CompensationRegisteredTooLate(effect.effect_id)
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def lock_key(*parts: str) -> str:
+    """A lock key (hex, as call signatures are) for anything that is not a call."""
+    return blake3.blake3("\0".join(parts).encode()).hexdigest()
+
+
+def session_lock_key(org_id: str, session_id: str) -> str:
+    return lock_key("session", org_id, session_id)
+
+
+def event_json(payload: dict[str, Any]) -> str:
+    return orjson.dumps(payload).decode()
