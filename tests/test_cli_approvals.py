@@ -80,6 +80,26 @@ def test_list_filters_by_state_and_limits(proxy: ProxyHarness) -> None:
     assert [a["id"] for a in newest] == [ids[2]]
 
 
+def test_a_list_of_decided_approvals_shows_who_decided_and_why(proxy: ProxyHarness) -> None:
+    approval_id = await_approval(proxy)
+    assert (
+        undolog(proxy, "reject", approval_id, "--reason", "wrong-db", "--by", "ana").exit_code == 0
+    )
+    result = undolog(proxy, "list", "--state", "rejected")
+    assert result.exit_code == 0, result.output
+    header, _, row = result.stdout.splitlines()
+    assert header.split() == [*TABLE_HEADERS, "decided", "by", "reason"]
+    assert row.split()[0] == approval_id
+    assert row.split()[-3:] == ["ana", f"({proxy.org_id})", "wrong-db"]
+
+
+def test_a_state_is_sent_as_one_query_parameter(proxy: ProxyHarness) -> None:
+    await_approval(proxy)
+    result = undolog(proxy, "list", "--state", "pending&limit=0", "--json")
+    assert result.exit_code == 1
+    assert "invalid_request" in result.stderr
+
+
 def test_list_with_an_unknown_state_fails_with_the_proxys_error(proxy: ProxyHarness) -> None:
     result = undolog(proxy, "list", "--state", "maybe")
     assert result.exit_code == 1

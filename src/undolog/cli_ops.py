@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import orjson
@@ -143,12 +144,15 @@ def undo_resolve(
 approvals_app = typer.Typer(add_completion=False, help="List, approve and reject approvals.")
 
 
-def _approval_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
-    return [
-        [a["id"], a["tool_name"], a["status"], a["session_id"], a["created_at"],
-         a["timeout_at"], orjson.dumps(a.get("arguments")).decode()[:60]]
-        for a in records
-    ]  # fmt: skip
+def _approval_rows(records: list[dict[str, Any]], decided: bool) -> list[list[Any]]:
+    rows = []
+    for a in records:
+        row = [a["id"], a["tool_name"], a["status"], a["session_id"], a["created_at"],
+               a["timeout_at"], orjson.dumps(a.get("arguments")).decode()[:60]]  # fmt: skip
+        if decided:  # who decided and why, as stored
+            row += [a.get("decided_at"), a.get("decided_by"), a.get("reason")]
+        rows.append(row)
+    return rows
 
 
 @approvals_app.command("list")
@@ -162,12 +166,16 @@ def approvals_list(
     as_json: bool = _JSON,
 ) -> None:
     """Approval requests of the org, newest first."""
-    data = _request("GET", url, api_key, f"/approvals?state={state}&limit={limit}")
+    query = urlencode({"state": state, "limit": limit})
+    data = _request("GET", url, api_key, f"/approvals?{query}")
     if as_json:
         _print_json(data)
         return
     headers = ["approval", "tool", "status", "session", "created", "timeout", "args"]
-    typer.echo(_table(_approval_rows(data), headers))
+    decided = state != "pending"
+    if decided:
+        headers += ["decided", "by", "reason"]
+    typer.echo(_table(_approval_rows(data, decided), headers))
 
 
 def _decide(action: str, approval_id: str, reason: str | None, decided_by: str | None,

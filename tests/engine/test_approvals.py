@@ -123,7 +123,7 @@ def mine(results: list[DecisionResult], org_id: str) -> list[DecisionResult]:
 async def test_approving_a_proxy_call_hands_back_the_run_and_moves_it_to_executing(
     engine: Engine, approvals: Approvals, clock: Clock, org_id: str
 ) -> None:
-    session, approval_id, effect_id = await pending(engine, org_id)
+    _, approval_id, effect_id = await pending(engine, org_id)
     clock.advance(5)
     result = await approvals.decide(
         org_id, approval_id, Verdict.APPROVE, reason="looks fine", decided_by="ana (org)"
@@ -323,7 +323,7 @@ async def test_the_sweep_auto_approves_when_the_org_says_so(
     engine: Engine, approvals: Approvals, clock: Clock, org_id: str, mode: str, runs: bool
 ) -> None:
     await setup_org(engine, org_id, auto_approve=True)
-    session, approval_id, effect_id = await pending(engine, org_id, mode=mode)
+    session, _, effect_id = await pending(engine, org_id, mode=mode)
     clock.advance(TIMEOUT_S)
     (result,) = mine(await approvals.sweep(), org_id)
     assert (result.approval.status, result.approval.decided_by) == ("auto_approved", "policy")

@@ -120,9 +120,7 @@ def test_pending_approvals_are_listed_newest_first_with_the_reference_fields(
         items = listed(c)
     assert [a["id"] for a in items] == [p["approval_id"] for p in reversed(asked)]
     newest = items[0]
-    assert {"id", "org_id", "session_id", "effect_id", "tool_name", "args", "status"} <= set(
-        newest
-    )
+    assert {"id", "org_id", "session_id", "effect_id", "tool_name", "args", "status"} <= set(newest)
     assert newest["org_id"] == proxy.org_id
     assert newest["session_id"] == session
     assert newest["effect_id"] == asked[2]["effect_id"]
@@ -282,8 +280,8 @@ async def test_approving_an_sdk_call_lets_the_sdk_retry_run_the_body_once(
     again = UndoLogSession(org_id=proxy.org_id, session_id=session.session_id)
     assert await publish("v2", _session=again) == {"artifact": "v2", "status": "published"}
     assert runs == 1
-    with proxy.client() as c:
-        (effect,) = session_of(c, session.session_id)["effects"]
+    with proxy.client() as sync:
+        (effect,) = session_of(sync, session.session_id)["effects"]
     assert (effect["state"], effect["attempts"]) == ("committed", 1)
 
 
@@ -433,6 +431,14 @@ def test_another_orgs_approval_is_not_found(
 
 
 @pytest.mark.parametrize("action", ["approve", "reject"])
+def test_a_missing_approval_id_is_a_400(proxy: ProxyHarness, action: str) -> None:
+    with proxy.client() as c:
+        response = c.post(f"/approvals//{action}")
+    assert response.status_code == 400
+    assert error_code(response) == "invalid_request"
+
+
+@pytest.mark.parametrize("action", ["approve", "reject"])
 def test_an_unknown_approval_is_not_found(proxy: ProxyHarness, action: str) -> None:
     with proxy.client() as c:
         response = decide(c, str(uuid.uuid4()), action)
@@ -458,7 +464,7 @@ def wait_for_status(c: httpx.Client, approval_id: str, status: str) -> dict[str,
     def decided() -> bool:
         record = c.get(f"/approvals/{approval_id}").json()
         found.update(record)
-        return record["status"] == status
+        return bool(record["status"] == status)
 
     wait_until(decided, timeout=DEADLINE, what=f"approval {approval_id} to be {status}")
     return found
@@ -508,6 +514,25 @@ def test_an_org_that_auto_approves_runs_the_call_once_when_it_times_out(
     assert late.status_code == 409
     assert error_code(late) == "approval_already_resolved"
     assert runs_of(proxy) == {pending["effect_id"]: 1}
+
+
+def test_the_sweeper_keeps_going_after_an_unexpected_error(proxy_factory: Any) -> None:
+    proxy: ProxyHarness = proxy_factory(org_options=SHORT_TIMEOUT, **FAST_SWEEP)
+    approvals = proxy.runtime.approvals
+    real_sweep = approvals.sweep
+    failures = []
+
+    async def sweep_failing_once(limit: int = 100) -> Any:
+        if not failures:
+            failures.append("boom")
+            raise RuntimeError("an unexpected bug")
+        return await real_sweep(limit)
+
+    approvals.sweep = sweep_failing_once
+    with proxy.client() as c:
+        wait_until(lambda: bool(failures), timeout=DEADLINE, what="the failing sweep")
+        pending = await_approval(c, drop_db(new_session()))
+        wait_for_status(c, pending["approval_id"], "timed_out")
 
 
 def wait_past(timeout_at: str) -> None:

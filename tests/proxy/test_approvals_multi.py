@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,7 @@ def test_two_approvals_at_once_on_two_processes_run_the_tool_once(
         session = str(uuid.uuid4())
         pending = await_approval(on_a if round_ % 2 else on_b, drop_db(session))
         path = f"/approvals/{pending['approval_id']}/approve"
-        answers = race([lambda: on_a.post(path), lambda: on_b.post(path)])
+        answers = race([partial(on_a.post, path), partial(on_b.post, path)])
         assert sorted(outcome(r) for r in answers) == [
             "200 approved", "409 approval_already_resolved",
         ], [r.text for r in answers]  # fmt: skip
@@ -166,12 +167,12 @@ async def test_an_approval_and_a_rejection_at_once_on_two_processes_leave_one_de
         session = str(uuid.uuid4())
         pending = await_approval(on_a, drop_db(session))
         approval_id = pending["approval_id"]
-        approve = (on_a if round_ % 2 else on_b, f"/approvals/{approval_id}/approve")
-        reject = (on_b if round_ % 2 else on_a, f"/approvals/{approval_id}/reject")
-        answers = race([lambda: approve[0].post(approve[1]), lambda: reject[0].post(reject[1])])
+        approver, rejecter = (on_a, on_b) if round_ % 2 else (on_b, on_a)
+        answers = race([partial(approver.post, f"/approvals/{approval_id}/approve"),
+                        partial(rejecter.post, f"/approvals/{approval_id}/reject")])  # fmt: skip
         outcomes = sorted(outcome(r) for r in answers)
-        assert outcomes in (["200 approved", "409 approval_already_resolved"],
-                            ["200 rejected", "409 approval_already_resolved"]), outcomes  # fmt: skip
+        resolved = "409 approval_already_resolved"
+        assert outcomes in (["200 approved", resolved], ["200 rejected", resolved]), outcomes
         winner = "approved" if "200 approved" in outcomes else "rejected"
         winners.append(winner)
         (record,) = [a for a in on_a.get("/approvals", params={"state": winner}).json()
@@ -208,6 +209,7 @@ async def test_two_processes_sweeping_handle_each_expired_approval_once(
 
     wait_until(all_swept, timeout=DEADLINE, what=f"every approval to be {final}")
     if auto_approve:
+
         def all_ran() -> bool:
             effects = on_b.get(f"/sessions/{session}").json()["effects"]
             return all(e["state"] == "committed" for e in effects)
@@ -247,15 +249,17 @@ async def test_a_client_of_one_process_sees_events_caused_through_the_other(
 ) -> None:
     pair = start_pair()
     session = str(uuid.uuid4())
-    async with pair.async_client(pair.a) as on_a, pair.async_client(pair.b) as on_b:
-        async with EventStream(on_a) as stream:
-            body = {"session_id": session, "tool_name": "echo", "step_index": 1,
-                    "args": {"t": "from b"}}  # fmt: skip
-            executed = (await on_b.post(TOOL_CALL, json=body)).json()
-            first = await stream.take(2, timeout=DEADLINE)
-            pending = (await on_a.post(TOOL_CALL, json=drop_db(session, 2))).json()
-            await on_b.post(f"/approvals/{pending['approval_id']}/reject")
-            rest = await stream.until("approval_rejected", timeout=DEADLINE)
+    body = {"session_id": session, "tool_name": "echo", "step_index": 1, "args": {"t": "b"}}
+    async with (
+        pair.async_client(pair.a) as on_a,
+        pair.async_client(pair.b) as on_b,
+        EventStream(on_a) as stream,
+    ):
+        executed = (await on_b.post(TOOL_CALL, json=body)).json()
+        first = await stream.take(2, within=DEADLINE)
+        pending = (await on_a.post(TOOL_CALL, json=drop_db(session, 2))).json()
+        await on_b.post(f"/approvals/{pending['approval_id']}/reject")
+        rest = await stream.until("approval_rejected", within=DEADLINE)
     assert [(e.event, e.json["effect_id"]) for e in first] == [
         ("effect_intercepted", executed["effect_id"]),
         ("effect_committed", executed["effect_id"]),

@@ -149,9 +149,10 @@ async def test_a_client_resumes_after_its_last_event_id_then_gets_live_events(
         history = await everything(c, 10)
         cut = history[3].id
         assert cut is not None
-        resume = {"headers": {"Last-Event-ID": cut}} if how == "header" else {
-            "params": {"last_event_id": cut}}  # fmt: skip
-        async with EventStream(c, **resume) as stream:
+        by_header = how == "header"
+        headers = {"Last-Event-ID": cut} if by_header else {}
+        params = {} if by_header else {"last_event_id": cut}
+        async with EventStream(c, headers=headers, params=params) as stream:
             replayed = await stream.take(6)
             await echo(c, session, 6)
             live = await stream.take(2)
@@ -180,9 +181,11 @@ async def test_a_client_without_a_last_event_id_gets_only_new_events(
 
 
 async def test_a_last_event_id_that_is_not_a_number_is_a_400(proxy: ProxyHarness) -> None:
-    async with proxy.async_client() as c:
-        async with EventStream(c, headers={"Last-Event-ID": "abc"}) as stream:
-            assert stream.status_code == 400
+    async with (
+        proxy.async_client() as c,
+        EventStream(c, headers={"Last-Event-ID": "abc"}) as stream,
+    ):
+        assert stream.status_code == 400
 
 
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
@@ -346,8 +349,9 @@ async def test_a_slow_subscriber_loses_events_and_they_are_counted(
             broker.queue_size = 1000
             async with EventStream(c) as fast:
                 await await_until(
-                    lambda: metric(proxy.url, "undolog_proxy_sse_subscribers", org=proxy.org_id)
-                    == 2,
+                    lambda: (
+                        metric(proxy.url, "undolog_proxy_sse_subscribers", org=proxy.org_id) == 2
+                    ),
                     what="both subscribers",
                 )
                 # Twenty events in one transaction reach the broker in one batch: more than
@@ -355,9 +359,12 @@ async def test_a_slow_subscriber_loses_events_and_they_are_counted(
                 store = await open_store(proxy.database_url)
                 try:
                     async with store.transaction() as q:
+                        now = time.time_ns() // 1000
                         for n in range(20):
-                            await q.insert_event(proxy.org_id, "effect_committed", session,
-                                                 None, f'{{"n":{n}}}', time.time_ns() // 1000)  # fmt: skip
+                            payload = f'{{"n":{n}}}'
+                            await q.insert_event(
+                                proxy.org_id, "effect_committed", session, None, payload, now
+                            )
                 finally:
                     await store.close()
                 everything_fast = await fast.take(20)
@@ -374,11 +381,10 @@ async def test_a_slow_subscriber_loses_events_and_they_are_counted(
 async def test_an_org_with_too_many_streams_is_refused_a_new_one(proxy: ProxyHarness) -> None:
     proxy.runtime.broker.max_per_org = 1
     async with proxy.async_client() as c:
-        async with EventStream(c):
-            async with EventStream(c) as refused:
-                assert refused.status_code == 429
-                assert refused.response is not None
-                assert refused.response.json()["code"] == "too_many_subscribers"
+        async with EventStream(c), EventStream(c) as refused:
+            assert refused.status_code == 429
+            assert refused.response is not None
+            assert refused.response.json()["code"] == "too_many_subscribers"
         await await_until(
             lambda: metric(proxy.url, "undolog_proxy_sse_subscribers", org=proxy.org_id) == 0,
             what="the first stream to close",

@@ -119,19 +119,19 @@ class EventStream:
             else:
                 fields[name] = value
 
-    async def next(self, timeout: float = 15.0) -> SseEvent:
-        """The next event, or TimeoutError after `timeout` seconds."""
-        return await asyncio.wait_for(self._events.get(), timeout)
+    async def next(self, within: float = 15.0) -> SseEvent:
+        """The next event, or TimeoutError after `within` seconds."""
+        return await asyncio.wait_for(self._events.get(), within)
 
-    async def take(self, count: int, timeout: float = 15.0) -> list[SseEvent]:
-        """The next `count` events, all within `timeout` seconds."""
-        async with asyncio.timeout(timeout):
+    async def take(self, count: int, within: float = 15.0) -> list[SseEvent]:
+        """The next `count` events, all within `within` seconds."""
+        async with asyncio.timeout(within):
             return [await self._events.get() for _ in range(count)]
 
-    async def until(self, type_: str, timeout: float = 15.0) -> list[SseEvent]:
+    async def until(self, type_: str, within: float = 15.0) -> list[SseEvent]:
         """Events up to and including the first of type `type_`."""
         seen: list[SseEvent] = []
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(within):
             while not seen or seen[-1].event != type_:
                 seen.append(await self._events.get())
         return seen
@@ -143,7 +143,7 @@ class EventStream:
             items.append(self._events.get_nowait())
         return items
 
-    async def comment(self, timeout: float = 15.0) -> str:
+    async def comment(self, within: float = 15.0) -> str:
         """Wait for a comment line (`: ping`) and return the first one seen."""
-        await asyncio.wait_for(self._comment_seen.wait(), timeout)
+        await asyncio.wait_for(self._comment_seen.wait(), within)
         return self.comments[0]

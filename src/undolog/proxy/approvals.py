@@ -148,19 +148,36 @@ async def reject(id: str, request: Request) -> Response:
     return await _decide(request, id, Verdict.REJECT)
 
 
+@router.post("/approvals//approve", include_in_schema=False)
+@router.post("/approvals//reject", include_in_schema=False)
+async def missing_id(request: Request) -> Response:
+    """An empty id segment: the reference answers 400, not 404."""
+    return error_response(request.state.request_id, InvalidRequest("missing approval ID in path"))
+
+
 async def sweep_forever(runtime: Runtime, interval_seconds: float) -> None:
-    """Time out expired approvals (or auto-approve and run them), until cancelled."""
+    """Time out expired approvals (or auto-approve and run them), until cancelled.
+
+    No error ends the loop: a sweeper that died would leave every later approval pending
+    forever. One failed run does not keep the others of its round from running.
+    """
     while True:
         try:
-            for result in await runtime.approvals.sweep():
-                runtime.log.info(
-                    "approval_swept",
-                    org_id=result.approval.org_id,
-                    approval_id=result.approval.approval_id,
-                    status=result.approval.status,
-                )
-                if result.run is not None:
-                    await _run_approved(runtime, result, f"sweep-{result.approval.approval_id}")
+            results = await runtime.approvals.sweep()
         except UndoLogError as exc:  # the store is down: try again next round
             runtime.log.warning("approval_sweep_failed", error=exc.message)
+            results = []
+        except Exception:
+            runtime.log.exception("approval_sweep_failed")
+            results = []
+        for result in results:
+            approval = result.approval
+            runtime.log.info("approval_swept", org_id=approval.org_id,
+                             approval_id=approval.approval_id, status=approval.status)  # fmt: skip
+            if result.run is None:
+                continue
+            try:
+                await _run_approved(runtime, result, f"sweep-{approval.approval_id}")
+            except Exception:
+                runtime.log.exception("approval_run_failed", approval_id=approval.approval_id)
         await asyncio.sleep(interval_seconds)

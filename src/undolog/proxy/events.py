@@ -121,8 +121,8 @@ class EventBroker:
                 self._last_announce = now
                 with contextlib.suppress(Exception):  # other processes still poll
                     await self.store.announce(CHANNEL)
-            if not self._subscribers_total:
-                continue  # nobody listens here: catch up when someone subscribes
+            # Without subscribers this runs once per poll (commits do not wake it), which
+            # keeps the high-water mark current so a first subscriber has little to read.
             try:
                 await self._advance()
             except Exception:  # the store is down: keep polling
