@@ -5,6 +5,10 @@ stream per request on the hot path. Order: a request id for every response; `/he
 `/metrics` answered before anything else (outside auth and outside the HTTP metrics, as the
 reference says); then the body limit; then auth, which puts the key's org in
 `scope["state"]["org_id"]`; then the app, timed per route template.
+
+Auth takes the `X-Api-Key` header first; without one, the dashboard's signed session cookie
+(`ui_auth.py`) stands in for it, and a state-changing request must then also pass the
+same-origin check that stops cross-site request forgery.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import orjson
 
 from undolog.config import hash_api_key
 from undolog.proxy.metrics import ProxyMetrics
+from undolog.proxy.ui_auth import SessionTokens, cookie_token, same_origin
 from undolog.proxy.wire import error_body
 from undolog_sdk.errors import AuthFailed, AuthMissing, PayloadTooLarge, UndoLogError
 
@@ -98,11 +103,13 @@ class Edge:
         metrics: ProxyMetrics,
         keys: KeyResolver,
         max_body_bytes: int,
+        tokens: SessionTokens | None = None,
     ) -> None:
         self.app = app
         self.metrics = metrics
         self.keys = keys
         self.max_body_bytes = max_body_bytes
+        self.tokens = tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -187,15 +194,28 @@ class Edge:
 
     async def _authenticate(self, scope: Scope) -> str:
         key = _header(scope, b"x-api-key")
-        if not key:
-            raise AuthMissing("missing X-Api-Key header")
-        org_id = await self.keys.org_for_key(key)
-        if org_id is None:
-            raise AuthFailed("API key not recognised")
+        if key:
+            org_id = await self.keys.org_for_key(key)
+            if org_id is None:
+                raise AuthFailed("API key not recognised")
+        else:
+            org_id = self._cookie_org(scope)
         for header in (b"x-org-id", b"x-undolog-org-id"):
             claimed = _header(scope, header)
             if claimed is not None and not hmac.compare_digest(claimed.encode(), org_id.encode()):
                 raise AuthFailed(f"{header.decode()} does not match the API key's organisation")
+        return org_id
+
+    def _cookie_org(self, scope: Scope) -> str:
+        """The org of the dashboard's session cookie (the fallback without `X-Api-Key`)."""
+        token = cookie_token(scope["headers"]) if self.tokens is not None else None
+        if token is None or self.tokens is None:
+            raise AuthMissing("missing X-Api-Key header")
+        org_id = self.tokens.verify(token)
+        if org_id is None:
+            raise AuthMissing("the dashboard session has expired or is invalid: sign in again")
+        if scope["method"] in _BODY_METHODS and not same_origin(scope):
+            raise AuthFailed("a dashboard request must come from the dashboard's own origin")
         return org_id
 
     async def _send_metrics(self, send: Send, request_id: str) -> None:

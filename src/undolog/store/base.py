@@ -566,6 +566,24 @@ class Queries(abc.ABC):
             args.append(expect_status)
         return await self._execute(sql, *args) == 1
 
+    # -- counts (the dashboard's overview) ----------------------------------------------------
+
+    async def count_by_state(self, org_id: str, table: str) -> dict[str, int]:
+        """How many rows of an org's `effects`, `sessions` or `approvals` are in each state."""
+        column = {"effects": "state", "sessions": "state", "approvals": "status"}[table]
+        rows = await self._fetch(
+            f"SELECT {column}, COUNT(*) FROM {table} WHERE org_id = ? GROUP BY {column}",
+            org_id,
+        )
+        return {str(r[0]): int(r[1]) for r in rows}
+
+    async def count_events(self, org_id: str, type_: str) -> int:
+        """How many events of one type an org has (e.g. `effect_replayed`: replays)."""
+        row = await self._fetchrow(
+            "SELECT COUNT(*) FROM events WHERE org_id = ? AND type = ?", org_id, type_
+        )
+        return int(row[0]) if row else 0
+
     # -- events ------------------------------------------------------------------------------
 
     async def insert_event(

@@ -1,0 +1,213 @@
+"""Dashboard sign-in: an API key is exchanged once for a signed, expiring session cookie.
+
+The cookie (`undolog_session`) carries the org id and an expiry, signed with HMAC-SHA256
+under the server's `ui_secret` — never the key. It is HttpOnly and SameSite=Strict, Secure
+when the request came over https. The edge accepts it in place of `X-Api-Key`; a request
+that changes state with it must also prove it comes from the dashboard's own origin
+(`X-Requested-With: undolog-ui`, or an `Origin` matching the `Host`), which a cross-site
+form cannot forge.
+
+Tokens are stateless: signing out clears the cookie in the browser, and a token expires
+after `ttl_seconds` in any case. Without a configured secret each process draws a random
+one, so a restart signs everyone out.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.requests import cookie_parser
+from starlette.responses import Response
+
+from undolog.proxy.wire import error_body, json_response
+
+__all__ = [
+    "COOKIE_NAME",
+    "CSRF_HEADER",
+    "CSRF_VALUE",
+    "SessionTokens",
+    "cookie_token",
+    "router",
+    "same_origin",
+]
+
+COOKIE_NAME = "undolog_session"
+CSRF_HEADER = "x-requested-with"
+CSRF_VALUE = "undolog-ui"
+DEFAULT_TTL_SECONDS = 12 * 3600
+_MAX_KEY_CHARS = 512
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+@dataclass(frozen=True)
+class SessionTokens:
+    """Issues and checks session tokens: `base64url(payload).base64url(hmac)`."""
+
+    secret: bytes
+    ttl_seconds: int = DEFAULT_TTL_SECONDS
+
+    @classmethod
+    def from_setting(
+        cls, secret: str | None, ttl_seconds: int = DEFAULT_TTL_SECONDS
+    ) -> SessionTokens:
+        """The configured secret, or a random one for this process only."""
+        raw = secret.encode("utf-8") if secret else secrets.token_bytes(32)
+        return cls(raw, ttl_seconds)
+
+    def _sign(self, payload: bytes) -> bytes:
+        return hmac.new(self.secret, payload, hashlib.sha256).digest()
+
+    def issue(self, org_id: str, now: float | None = None) -> tuple[str, int]:
+        """A token for `org_id`; returns it with its expiry (Unix seconds)."""
+        expires = int(now if now is not None else time.time()) + self.ttl_seconds
+        payload = orjson.dumps({"org": org_id, "exp": expires, "n": secrets.token_hex(8)})
+        return f"{_b64(payload)}.{_b64(self._sign(payload))}", expires
+
+    def verify(self, token: str, now: float | None = None) -> str | None:
+        """The org of a well-signed, unexpired token; None for anything else."""
+        head, dot, tail = token.partition(".")
+        if not dot:
+            return None
+        try:
+            payload, signature = _unb64(head), _unb64(tail)
+        except (ValueError, UnicodeEncodeError):
+            return None
+        if not hmac.compare_digest(signature, self._sign(payload)):
+            return None
+        try:
+            data = orjson.loads(payload)
+        except orjson.JSONDecodeError:  # pragma: no cover - we signed it, so we wrote it
+            return None
+        org, expires = data.get("org"), data.get("exp")
+        if not isinstance(org, str) or not isinstance(expires, int):
+            return None
+        if expires <= (now if now is not None else time.time()):
+            return None
+        return org
+
+
+def cookie_token(headers: Any) -> str | None:
+    """The session cookie's value from raw ASGI headers (a list of byte pairs)."""
+    for key, value in headers:
+        if key == b"cookie":
+            token = cookie_parser(value.decode("latin-1")).get(COOKIE_NAME)
+            if token:
+                return token
+    return None
+
+
+def same_origin(scope: MutableMapping[str, Any]) -> bool:
+    """Did the dashboard itself send this request? (the CSRF check for cookie auth)"""
+    headers: dict[str, str] = {
+        k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
+    }
+    if headers.get(CSRF_HEADER) == CSRF_VALUE:
+        return True  # a cross-site page cannot set a custom header without CORS, which we lack
+    origin, host = headers.get("origin"), headers.get("host")
+    if not origin or not host or origin == "null":
+        return False
+    return urllib.parse.urlsplit(origin).netloc.lower() == host.lower()
+
+
+# -- routes ------------------------------------------------------------------------------------
+
+router = APIRouter(include_in_schema=False)
+
+
+def _tokens(request: Request) -> SessionTokens:
+    tokens: SessionTokens = request.app.state.ui_tokens
+    return tokens
+
+
+async def _submitted_key(request: Request) -> tuple[str | None, bool]:
+    """The key from a JSON body `{"api_key": ...}` or a form field `api_key`; and whether
+    the caller sent a form (it then gets a redirect rather than JSON)."""
+    raw = await request.body()
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "application/x-www-form-urlencoded":
+        fields: Mapping[str, list[str]] = urllib.parse.parse_qs(raw.decode("utf-8", "replace"))
+        values = fields.get("api_key") or [""]
+        return values[0].strip() or None, True
+    try:
+        data = orjson.loads(raw) if raw.strip() else {}
+    except orjson.JSONDecodeError:
+        return None, False
+    key = data.get("api_key") if isinstance(data, dict) else None
+    return (key.strip() or None) if isinstance(key, str) else None, False
+
+
+def _set_cookie(response: Response, request: Request, value: str, max_age: int) -> None:
+    response.set_cookie(
+        COOKIE_NAME,
+        value,
+        max_age=max_age,
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+
+
+def _refused(request: Request, status: int, code: str, message: str) -> Response:
+    return json_response(error_body(request.state.request_id, code, message), status)
+
+
+@router.post("/ui/login")
+async def login(request: Request) -> Response:
+    """Exchange an API key for the session cookie (JSON `{"api_key"}` or a form field)."""
+    if not same_origin(request.scope):
+        return _refused(request, 403, "auth_failed", "sign-in must come from the dashboard")
+    key, is_form = await _submitted_key(request)
+    if key is None or len(key) > _MAX_KEY_CHARS:
+        return _refused(request, 400, "invalid_request", "an API key is required")
+    lookup: Callable[[str], Awaitable[str | None]] = request.app.state.ui_key_lookup
+    org_id = await lookup(key)
+    if org_id is None:
+        return _refused(request, 401, "auth_failed", "API key not recognised")
+    tokens = _tokens(request)
+    token, expires = tokens.issue(org_id)
+    response: Response
+    if is_form:
+        response = Response(status_code=303, headers={"Location": "/ui/"})
+    else:
+        response = json_response({"signed_in": True, "org_id": org_id, "expires_at": expires})
+    _set_cookie(response, request, token, tokens.ttl_seconds)
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@router.post("/ui/logout")
+async def logout(request: Request) -> Response:
+    """Clear the session cookie."""
+    if not same_origin(request.scope):
+        return _refused(request, 403, "auth_failed", "sign-out must come from the dashboard")
+    response = json_response({"signed_in": False})
+    _set_cookie(response, request, "", 0)
+    return response
+
+
+@router.get("/ui/session")
+async def whoami(request: Request) -> Response:
+    """Whether the browser holds a valid session, and for which org (always 200: the page
+    asks this first, and a refused request would be a console error)."""
+    token = cookie_token(request.scope["headers"])
+    org_id = _tokens(request).verify(token) if token else None
+    body: dict[str, Any] = {"signed_in": org_id is not None, "org_id": org_id}
+    return json_response(body, headers={"Cache-Control": "no-store"})
