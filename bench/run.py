@@ -80,14 +80,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def cpu_ticks(pid: int) -> int:
-    """utime + stime of a process in clock ticks (0 if it is gone)."""
+def cpu_ticks(pid: int) -> tuple[int, int]:
+    """(utime, stime) of a process in clock ticks ((0, 0) if it is gone)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return 0
+        return 0, 0
     fields = stat.rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+    return int(fields[11]), int(fields[12])
 
 
 def machine_busy_ticks() -> int:
@@ -221,6 +221,7 @@ class Tally:
     seconds: float = 0.0
     errors: int = 0
     cpu_ticks: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    sys_ticks: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     histograms: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
 
@@ -300,20 +301,27 @@ async def postgres_backend_pids(admin: asyncpg.Connection | None, db: str | None
     return [int(r["pid"]) for r in rows]
 
 
-def cpu_snapshot(pids: dict[str, list[int]]) -> dict[str, dict[int, int]]:
+Snapshot = dict[str, dict[int, tuple[int, int]]]
+
+
+def cpu_snapshot(pids: dict[str, list[int]]) -> Snapshot:
     snapshot = {name: {pid: cpu_ticks(pid) for pid in group} for name, group in pids.items()}
-    snapshot["machine"] = {0: machine_busy_ticks()}
+    snapshot["machine"] = {0: (machine_busy_ticks(), 0)}
     return snapshot
 
 
-def cpu_delta(
-    before: dict[str, dict[int, int]], after: dict[str, dict[int, int]]
-) -> dict[str, int]:
-    # A PostgreSQL backend that appeared during the chunk counts from zero.
-    return {
-        name: sum(ticks - before.get(name, {}).get(pid, 0) for pid, ticks in group.items())
-        for name, group in after.items()
-    }
+def cpu_delta(before: Snapshot, after: Snapshot) -> dict[str, tuple[int, int]]:
+    """{name: (all ticks, kernel ticks)} spent between two snapshots."""
+    out = {}
+    for name, group in after.items():
+        total = kernel = 0
+        for pid, (user, sys_) in group.items():
+            # A PostgreSQL backend that appeared during the chunk counts from zero.
+            user0, sys0 = before.get(name, {}).get(pid, (0, 0))
+            total += user + sys_ - user0 - sys0
+            kernel += sys_ - sys0
+        out[name] = (total, kernel)
+    return out
 
 
 async def measure_store(
@@ -368,7 +376,7 @@ async def measure_store(
         print(f"\n== {store}: proxy pid {proxy.pid}, uvloop in proxy: {uses_uvloop(proxy.pid)}")
         for concurrency in concurrencies:
             callers = [Caller() for _ in range(concurrency)]
-            # Warm-up: connections, caches, pools, JIT-free Python paths; seeds the replays.
+            # Warm-up (connections, pools, caches); it also commits calls for the replays.
             for scenario in SCENARIOS:
                 await bench.chunk(scenario, callers, plan.warmup[concurrency], None)
             if py_spy is not None and spy is None:
@@ -390,12 +398,13 @@ async def measure_store(
                     await bench.chunk(scenario, callers, plan.calls[concurrency], tally)
                     pids["postgres"] = await postgres_backend_pids(admin, pg_db)
                     delta = cpu_delta(cpu_before, cpu_snapshot(pids))
-                    machine = delta.pop("machine")
-                    for name, ticks in delta.items():
+                    machine = delta.pop("machine")[0]
+                    for name, (ticks, kernel) in delta.items():
                         tally.cpu_ticks[name] += ticks
-                    # Kernel (loopback TCP, fsync), PostgreSQL's own background processes and
-                    # anything else running on the machine: the part no pid above accounts for.
-                    tally.cpu_ticks["other"] += machine - sum(delta.values())
+                        tally.sys_ticks[name] += kernel
+                    # Kernel threads, PostgreSQL's own background processes and anything else
+                    # running on the machine: the part no pid above accounts for.
+                    tally.cpu_ticks["other"] += machine - sum(t for t, _ in delta.values())
                     metrics_after = await bench.scrape()
                     for key, value in metrics_after.items():
                         tally.histograms[key] += value - metrics_before.get(key, 0.0)
@@ -426,7 +435,8 @@ def start_py_spy(pid: int, out: Path, workdir: Path) -> subprocess.Popen[bytes] 
     out.parent.mkdir(parents=True, exist_ok=True)
     log = (workdir / "py-spy.log").open("ab")
     return subprocess.Popen(
-        [exe, "record", "--pid", str(pid), "--format", "raw", "--idle", "--rate", "250",
+        # --gil: only samples holding the GIL, i.e. Python at work rather than waiting.
+        [exe, "record", "--pid", str(pid), "--format", "raw", "--gil", "--rate", "250",
          "-o", str(out)],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -464,6 +474,10 @@ def summarise(store: str, concurrency: int, scenario: str, tally: Tally) -> dict
         "mean_ms": round(sum(values) / max(n, 1) * 1000, 3),
         "calls_per_s": round(n / tally.seconds, 1) if tally.seconds else 0.0,
         "cpu_ms_per_call": cpu,
+        "kernel_cpu_ms_per_call": {
+            name: round(ticks / CLK_TCK / max(n, 1) * 1000, 3)
+            for name, ticks in tally.sys_ticks.items()
+        },
         "cpu_utilisation": {
             name: round(ticks / CLK_TCK / tally.seconds, 2) if tally.seconds else 0.0
             for name, ticks in tally.cpu_ticks.items()
@@ -539,6 +553,11 @@ def print_report(rows: list[dict[str, Any]], ratio_rows: list[dict[str, Any]]) -
             for series, m in sorted(means.items())
             if "tool_call" in series or "engine_rpc" in series or "executor" in series
         ]
+        print(f"  {row['store']:<9}{row['concurrency']:>3} {row['scenario']:<7} " + " ".join(parts))
+    print("\nKernel share of each process's CPU (syscalls: loopback TCP, fsync), ms per call:")
+    for row in rows:
+        cpu, kernel = row["cpu_ms_per_call"], row["kernel_cpu_ms_per_call"]
+        parts = [f"{name}={kernel[name]:.2f}/{cpu[name]:.2f}" for name in kernel if cpu.get(name)]
         print(f"  {row['store']:<9}{row['concurrency']:>3} {row['scenario']:<7} " + " ".join(parts))
     return check_targets(rows, ratio_rows)
 

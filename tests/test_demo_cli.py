@@ -58,7 +58,7 @@ def assert_rolled_back(output: str) -> str:
     assert effects == [
         ("2", "send_email", "compensated"),
         ("3", "transfer_funds", "compensated"),
-        ("4", "delete_database", "awaiting_approval"),
+        ("4", "delete_database", "rejected"),  # the rollback withdrew its pending approval
         ("5", "transfer_funds", "committed"),  # it failed logically: nothing to undo
     ]
     undo = [(r[1], r[2]) for r in table(output, "undo stack (top first):")]

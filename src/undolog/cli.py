@@ -67,6 +67,11 @@ def serve(
         None, help="First backoff between Commit/Fail attempts (doubles)"
     ),
     log_level: str = typer.Option(None, help="debug, info, warning, error"),
+    ui_secret: str = typer.Option(
+        None,
+        help="Secret that signs dashboard sessions (env UNDOLOG_UI_SECRET; "
+        "default: random per process, so a restart signs everyone out)",
+    ),
     config: str = typer.Option(None, help="TOML config file (env UNDOLOG_CONFIG)"),
     demo: bool = typer.Option(False, help="Also run the demo tool server and a demo org"),
     demo_tools_port: int = typer.Option(DEMO_TOOLS_PORT, help="Port of the demo tool server"),

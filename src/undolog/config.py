@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from undolog.mcp.config import McpSettings, parse_mcp_settings
+
 __all__ = [
     "DEFAULT_DATABASE_URL",
     "OrgConfig",
@@ -89,18 +91,20 @@ class Settings:
     commit_retry_attempts: int = DEFAULT_COMMIT_RETRY_ATTEMPTS
     commit_retry_backoff_ms: int = DEFAULT_COMMIT_RETRY_BACKOFF_MS
     log_level: str = "info"
+    ui_secret: str | None = None  # signs dashboard session cookies; None: random per process
     config: str | None = None
     orgs: tuple[OrgConfig, ...] = ()
     tools: tuple[ToolConfig, ...] = ()
+    mcp: McpSettings = dataclasses.field(default_factory=McpSettings)  # the [mcp] table
 
 
 # Fields that can be set by flag / env var / the [server] table of the TOML file.
 SCALAR_FIELDS = tuple(
-    f.name for f in dataclasses.fields(Settings) if f.name not in {"orgs", "tools"}
+    f.name for f in dataclasses.fields(Settings) if f.name not in {"orgs", "tools", "mcp"}
 )
 
 
-_TOP_LEVEL_KEYS = frozenset({"server", "orgs", "tools"})
+_TOP_LEVEL_KEYS = frozenset({"server", "orgs", "tools", "mcp"})
 _ORG_KEYS = frozenset(
     {
         "id",
@@ -229,7 +233,8 @@ def load_settings(
 
     Flags whose value is None count as not given. The TOML file is named by the `config`
     flag or `UNDOLOG_CONFIG`; its `[server]` table holds scalar settings, `[[orgs]]` and
-    `[[tools]]` arrays declare orgs and tools.
+    `[[tools]]` arrays declare orgs and tools, the `[mcp]` table the MCP gateway's upstream
+    servers (`undolog.mcp.config`).
     """
     flags = {k: v for k, v in (flags or {}).items() if v is not None}
     env = os.environ if env is None else env
@@ -237,6 +242,7 @@ def load_settings(
     config_path = flags.get("config") or env.get("UNDOLOG_CONFIG")
     orgs: tuple[OrgConfig, ...] = ()
     tools: tuple[ToolConfig, ...] = ()
+    mcp = McpSettings()
     if config_path:
         try:
             data = tomllib.loads(Path(config_path).read_text(encoding="utf-8"))
@@ -255,6 +261,7 @@ def load_settings(
                 values[key] = _coerce(key, raw)
             orgs = _orgs_from_toml(data)
             tools = _tools_from_toml(data)
+            mcp = parse_mcp_settings(data.get("mcp"))
         except ValueError as exc:
             raise ValueError(f"config file {config_path}: {exc}") from None
         values["config"] = str(config_path)
@@ -265,7 +272,7 @@ def load_settings(
     for name, raw in flags.items():
         if name in SCALAR_FIELDS:
             values[name] = _coerce(name, raw)
-    settings = Settings(**values, orgs=orgs, tools=tools)
+    settings = Settings(**values, orgs=orgs, tools=tools, mcp=mcp)
     scheme = settings.database_url.partition("://")[0].lower()
     if scheme not in _DATABASE_SCHEMES or "://" not in settings.database_url:
         # Only the scheme is echoed: the rest of the URL may hold a password.

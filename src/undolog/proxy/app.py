@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import Route
 
 import undolog
 from undolog.config import Settings
@@ -26,11 +27,15 @@ from undolog.proxy.events import EventBroker
 from undolog.proxy.events import router as events_router
 from undolog.proxy.executor import ToolExecutor
 from undolog.proxy.metrics import ProxyMetrics
+from undolog.proxy.overview import router as overview_router
 from undolog.proxy.routes import router
 from undolog.proxy.toolcall import tool_call
+from undolog.proxy.ui_auth import SessionTokens
+from undolog.proxy.ui_auth import router as ui_auth_router
 from undolog.proxy.undo import router as undo_router
 from undolog.proxy.wire import error_body, json_response
 from undolog.store import Store, open_store
+from undolog.ui import mount_ui
 from undolog_sdk.tier import ToolTier
 
 __all__ = ["Runtime", "create_app", "open_runtime"]
@@ -142,6 +147,10 @@ def create_app(settings: Settings) -> Any:
     """The proxy as an ASGI app; the store opens in the lifespan."""
     metrics_holder: dict[str, Runtime] = {}
     metrics = ProxyMetrics.create()
+    # Imported here: the gateway builds on the proxy's modules (executor, tool calls).
+    from undolog.mcp.gateway import McpGateway
+
+    gateway = McpGateway(settings.mcp, timeout_seconds=settings.upstream_timeout_seconds)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -151,7 +160,8 @@ def create_app(settings: Settings) -> Any:
         await runtime.broker.start()
         sweeper = asyncio.create_task(sweep_forever(runtime, settings.approval_sweep_seconds))
         try:
-            yield
+            async with gateway.serving(runtime):
+                yield
         finally:
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -178,6 +188,10 @@ def create_app(settings: Settings) -> Any:
     api.include_router(undo_router)
     api.include_router(approvals_router)
     api.include_router(events_router)
+    api.router.routes.append(Route("/mcp", gateway, methods=["GET", "POST", "DELETE"]))
+    api.include_router(overview_router)
+    api.include_router(ui_auth_router)
+    mount_ui(api)
 
     @api.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -209,11 +223,16 @@ def create_app(settings: Settings) -> Any:
     async def lookup(key_hash: str) -> str | None:
         return await metrics_holder["runtime"].engine.org_for_key_hash(key_hash)
 
+    keys = KeyResolver(lookup)
+    tokens = SessionTokens.from_setting(settings.ui_secret)
+    api.state.ui_tokens = tokens
+    api.state.ui_key_lookup = keys.org_for_key
     edge = Edge(
         api,
         metrics=metrics,
-        keys=KeyResolver(lookup),
+        keys=keys,
         max_body_bytes=settings.max_body_bytes,
+        tokens=tokens,
     )
     edge.fastapi = api  # type: ignore[attr-defined]  # for tests and the CLI
     return edge

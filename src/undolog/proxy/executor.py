@@ -7,12 +7,12 @@ under concurrency (DESIGN.md, measured facts), and this client is on the hot pat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
 
-__all__ = ["ToolExecutor", "ToolResult", "ToolTransportError"]
+__all__ = ["ToolExecutor", "ToolResult", "ToolRouter", "ToolTransportError"]
 
 
 class ToolTransportError(Exception):
@@ -47,13 +47,26 @@ def _parse_tool_result(status: int, body: bytes) -> ToolResult | None:
     return ToolResult(data["success"], data.get("output"), error, status)
 
 
+class ToolRouter(Protocol):
+    """Runs the tools it `handles` somewhere else than the HTTP tool server (MCP upstreams)."""
+
+    def handles(self, tool_name: str) -> bool: ...
+
+    async def call(self, tool_name: str, args: Any, *, idempotency_key: str) -> ToolResult: ...
+
+
 class ToolExecutor:
-    """A pooled client to upstream tool servers. Open it inside a running event loop."""
+    """A pooled client to upstream tool servers. Open it inside a running event loop.
+
+    `routers` are asked first: a tool one of them handles is run by it (the MCP gateway's
+    upstreams), everything else is POSTed to the tool server.
+    """
 
     def __init__(self, default_upstream: str, *, timeout_seconds: float = 30.0) -> None:
         self.default_upstream = default_upstream.rstrip("/")
         self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._session: aiohttp.ClientSession | None = None
+        self.routers: list[ToolRouter] = []
 
     async def open(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=300)
@@ -84,6 +97,11 @@ class ToolExecutor:
         Raises:
             ToolTransportError: refused connection, timeout, or a body that is no ToolResult.
         """
+        for router in self.routers:
+            if router.handles(tool_name):
+                return await router.call(
+                    tool_name, args, idempotency_key=idempotency_key or effect_id
+                )
         if self._session is None:
             raise ToolTransportError("executor is not open")
         base = (upstream_url or self.default_upstream).rstrip("/")

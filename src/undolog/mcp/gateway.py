@@ -1,0 +1,383 @@
+"""`/mcp`: UndoLog as an MCP server (Streamable HTTP) in front of the upstream MCP servers.
+
+Both protocol eras are served by one stateless `StreamableHTTPSessionManager` of the official
+`mcp` package: a request whose `MCP-Protocol-Version` header names a 2026-07-28-era version goes
+to the modern single-exchange path, anything else to the handshake era (2025-11-25) without
+server-side sessions. Every request has already passed the proxy's edge, so it carries the API
+key's org in `scope["state"]["org_id"]`.
+
+`tools/list` merges the upstreams' tools under their prefixes. `tools/call` goes through the
+engine like any call: the session comes from the `X-UndoLog-Session-Id` header (or the
+`undolog/session_id` key of `_meta`), the engine assigns the step, and:
+
+| engine answer | MCP answer |
+|---|---|
+| Execute | the upstream runs it; its `CallToolResult` is recorded and returned |
+| Replay | the recorded `CallToolResult`; the upstream does not run |
+| AwaitingApproval | an `isError` result naming the approval and how to retry (*) |
+| a refusal (`in_progress`, `approval_rejected`, `session_closed`, ...) | an `isError` result |
+| bad input, an unknown tool | a JSON-RPC error (`-32602`) |
+| the engine's own failure | a JSON-RPC error (`-32603`) |
+
+(*) A 2026-07-28 client that can open URLs (URL-mode elicitation) gets the spec's
+`input_required` result instead: its user is sent to the approval page, and the client's
+automatic retry returns the result once the call is approved (or the plain answer if not yet).
+
+An MCP client never sends a step, so a retry cannot be told apart from a deliberate repeat: the
+gateway treats a call identical (same tool, same arguments) to one this session already made as
+a retry of it, and hands the engine that call's step. A retry after an approval thus returns
+the approved run's result, and a write whose answer was lost is not run twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import orjson
+from mcp import MCPError
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp_types import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    CallToolRequestParams,
+    CallToolResult,
+    ElicitRequest,
+    ElicitRequestURLParams,
+    InputRequiredResult,
+    ListToolsResult,
+    PaginatedRequestParams,
+    TextContent,
+)
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+import undolog
+from undolog.engine import Decision, Outcome
+from undolog.engine.states import EffectState
+from undolog.mcp.config import McpSettings
+from undolog.mcp.upstreams import GatewayTool, UpstreamPool
+from undolog.proxy.executor import ToolTransportError
+from undolog.proxy.toolcall import execute_decision
+from undolog_sdk.errors import (
+    AdvisoryLockTimeout,
+    Database,
+    DuplicateSignature,
+    Internal,
+    InvalidRequest,
+    Serialization,
+    ToolError,
+    UndoLogError,
+)
+from undolog_sdk.signature import canonical_json
+
+if TYPE_CHECKING:
+    from undolog.proxy.app import Runtime
+
+__all__ = ["SESSION_HEADER", "SESSION_META_KEY", "McpGateway"]
+
+SESSION_HEADER = "x-undolog-session-id"
+APPROVAL_INPUT = "undolog_approval"  # the key of our request in an `input_required` result
+SESSION_META_KEY = "undolog/session_id"
+META_KEY = "undolog"  # the key of `_meta` on our results: effect, step, approval, error
+
+_ENGINE_FAILURES = (Database, Internal, Serialization, AdvisoryLockTimeout, DuplicateSignature)
+# A call identical to one in these states is a retry of it (see the module docstring); the
+# unfinished states are matched by the engine itself.
+_RETRY_STATES = tuple(
+    s.value
+    for s in (
+        EffectState.COMMITTED,
+        EffectState.COMPENSATING,
+        EffectState.COMPENSATED,
+        EffectState.COMPENSATION_FAILED,
+        EffectState.FAILED,
+        EffectState.REJECTED,
+        EffectState.TIMED_OUT,
+    )
+)
+
+
+def _text_result(text: str, meta: dict[str, Any], *, is_error: bool) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=text)],
+        is_error=is_error,
+        _meta={META_KEY: meta},
+    )
+
+
+def _recorded_result(result_json: str | None) -> CallToolResult:
+    """A recorded ToolResult (`{"success", "output", "error"}`) as the MCP result it was."""
+    recorded = orjson.loads(result_json) if result_json else None
+    output = recorded.get("output") if isinstance(recorded, dict) else None
+    if isinstance(output, dict) and "content" in output:
+        return CallToolResult.model_validate(output)
+    # Recorded by someone else (an operator resolving an in-doubt call): show it as text.
+    ok = bool(recorded.get("success", True)) if isinstance(recorded, dict) else True
+    return CallToolResult(
+        content=[TextContent(type="text", text=orjson.dumps(recorded).decode())],
+        is_error=not ok,
+    )
+
+
+def _refusal(exc: UndoLogError) -> CallToolResult:
+    """The call did not give a result: refused by UndoLog, or the upstream was not reached."""
+    return _text_result(
+        f"{exc.message} (UndoLog: {exc.code})",
+        {"error": {"code": exc.code, "message": exc.message, **exc.fields()}},
+        is_error=True,
+    )
+
+
+def _awaiting_text(decision: Decision, retry_after: int) -> str:
+    approval_id = decision.approval_id
+    return (
+        f"'{decision.tool.name}' cannot be undone, so it waits for a person to approve it "
+        f"(approval {approval_id}; POST /approvals/{approval_id}/approve or "
+        f"`undolog approvals approve {approval_id}`). It has not run. Once it is approved, call "
+        "the tool again with the same arguments in the same session: that call returns its "
+        f"result. Retry after {retry_after}s or later."
+    )
+
+
+def _awaiting(decision: Decision, retry_after: int) -> CallToolResult:
+    approval_id = decision.approval_id
+    text = _awaiting_text(decision, retry_after)
+    meta = {
+        "status": "pending_approval",
+        "approval_id": approval_id,
+        "effect_id": decision.effect_id,
+        "step_index": decision.step_index,
+        "retry_after": retry_after,
+    }
+    return _text_result(text, meta, is_error=True)
+
+
+def _with_meta(result: CallToolResult, decision: Decision, status: str) -> CallToolResult:
+    meta = dict(result.meta or {})
+    meta[META_KEY] = {
+        "status": status,
+        "effect_id": decision.effect_id,
+        "step_index": decision.step_index,
+    }
+    return result.model_copy(update={"meta": meta})
+
+
+def _can_open_urls(ctx: ServerRequestContext[Any]) -> bool:
+    """A 2026-07-28 client that declared URL-mode elicitation (`input_required` can reach it)."""
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return False
+    capabilities = ctx.session.client_capabilities
+    elicitation = capabilities.elicitation if capabilities is not None else None
+    return elicitation is not None and elicitation.url is not None
+
+
+def _same_origin(origin: str, host: str | None) -> bool:
+    try:
+        return host is not None and urlsplit(origin).netloc.lower() == host.lower()
+    except ValueError:
+        return False
+
+
+class McpGateway:
+    """The `/mcp` ASGI endpoint; `serving(runtime)` runs it inside the proxy's lifespan."""
+
+    def __init__(self, settings: McpSettings, *, timeout_seconds: float) -> None:
+        self.settings = settings
+        self.pool = UpstreamPool(settings.upstreams, timeout_seconds=timeout_seconds)
+        self.server: Server[Any] = Server(
+            "undolog",
+            version=undolog.__version__,
+            instructions=(
+                "Tools of several MCP servers behind UndoLog: calls are recorded exactly once, "
+                "can be undone, and irreversible ones wait for a person's approval."
+            ),
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+        )
+        self._manager: StreamableHTTPSessionManager | None = None
+        self._runtime: Runtime | None = None
+        self._registered: dict[tuple[str, str], tuple[str, str | None]] = {}
+
+    @contextlib.asynccontextmanager
+    async def serving(self, runtime: Runtime) -> AsyncIterator[None]:
+        """Connect the upstreams, route their tools from the executor, serve `/mcp`."""
+        await self.pool.start()
+        routed = bool(self.pool.upstreams)  # no upstreams: keep the executor's path bare
+        if routed:
+            runtime.executor.routers.append(self.pool)
+        self._runtime = runtime
+        # Stateless: no server-side MCP sessions (the UndoLog session is the client's header),
+        # so any proxy instance can answer any request. JSON answers: one response per POST.
+        # A manager runs once: a new one per lifespan.
+        manager = StreamableHTTPSessionManager(self.server, stateless=True, json_response=True)
+        try:
+            async with manager.run():
+                self._manager = manager
+                yield
+        finally:
+            self._manager = None
+            self._runtime = None
+            if routed:
+                runtime.executor.routers.remove(self.pool)
+            await self.pool.close()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        origin = headers.get("origin")
+        if (
+            origin
+            and origin not in self.settings.allowed_origins
+            and not _same_origin(origin, headers.get("host"))
+        ):
+            # The spec: a server MUST validate Origin, and answer 403 to an invalid one
+            # (a web page must not reach a local server through the user's browser).
+            body = orjson.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": None,
+                    "error": {"code": INVALID_REQUEST, "message": "Origin not allowed"},
+                }
+            )
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 403,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        if self._manager is None:  # pragma: no cover - requests arrive inside the lifespan
+            raise RuntimeError("the MCP gateway is not running")
+        await self._manager.handle_request(scope, receive, send)
+
+    # -- MCP handlers --------------------------------------------------------------------------
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListToolsResult:
+        tools = await self.pool.refresh_tools()
+        return ListToolsResult(tools=[t.tool for t in tools])
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
+    ) -> CallToolResult | InputRequiredResult:
+        runtime = self._runtime
+        request = ctx.request
+        state = getattr(request, "scope", {}).get("state", {}) if request is not None else {}
+        org_id = state.get("org_id")
+        if runtime is None or org_id is None:
+            raise MCPError(INVALID_REQUEST, "the gateway is not serving this request")
+        tool = self.pool.get(params.name)
+        if tool is None:
+            await self.pool.refresh_tools()
+            tool = self.pool.get(params.name)
+        if tool is None:
+            raise MCPError(INVALID_PARAMS, f"Unknown tool: {params.name}")
+        args = params.arguments or {}
+        session_id = self._session_id(ctx, request)
+        if session_id is None:
+            if tool.tier == "safe":  # a read needs no session: nothing is recorded
+                try:
+                    return await self.pool.call_upstream(tool.name, args)
+                except ToolTransportError as exc:
+                    return _refusal(ToolError(str(exc)))
+            raise MCPError(
+                INVALID_PARAMS,
+                f"'{tool.name}' is recorded by UndoLog and needs a session: send the header "
+                "X-UndoLog-Session-Id (a UUID) or _meta['undolog/session_id']",
+            )
+        request_id = state.get("request_id") or str(uuid.uuid4())
+        log = runtime.log.bind(request_id=request_id, org_id=org_id, session_id=session_id)
+        try:
+            await self._register(runtime, org_id, tool)
+            step = await self._retry_step(runtime, org_id, session_id, tool.name, args)
+            decision = await runtime.engine.intercept(
+                org_id, session_id, tool.name, args, step_index=step
+            )
+        except InvalidRequest as exc:
+            raise MCPError(INVALID_PARAMS, exc.message) from None
+        except _ENGINE_FAILURES as exc:
+            log.warning("intercept_failed", error=exc.message)
+            raise MCPError(
+                INTERNAL_ERROR, f"UndoLog could not record the call: {exc.message}"
+            ) from None
+        except UndoLogError as exc:
+            return _refusal(exc)
+        if decision.outcome is Outcome.REPLAY:
+            return _with_meta(_recorded_result(decision.result_json), decision, "replayed")
+        if decision.outcome is Outcome.AWAITING_APPROVAL:
+            # A client that has already answered our request is not asked again: it gets the
+            # plain answer, and retries when it sees fit.
+            if params.input_responses is None and _can_open_urls(ctx):
+                return self._input_required(decision, request, runtime.retry_after_seconds)
+            return _awaiting(decision, runtime.retry_after_seconds)
+        execution = await execute_decision(runtime, decision, args, session_id, request_id, log)
+        if execution.error is not None:
+            return _refusal(execution.error)
+        status = "executed" if decision.logged else "passed_through"  # SAFE: not recorded
+        return _with_meta(_recorded_result(execution.result_json), decision, status)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _approval_url(self, approval_id: str, request: Any) -> str:
+        template = self.settings.approval_url
+        if template is None:
+            base = str(request.base_url).rstrip("/") if request is not None else ""
+            return f"{base}/ui/#/approvals/pending"
+        return template.replace("{approval_id}", approval_id)
+
+    def _input_required(
+        self, decision: Decision, request: Any, retry_after: int
+    ) -> InputRequiredResult:
+        """The spec's way to pause a call for a person: send the user to the approval page."""
+        assert decision.approval_id is not None
+        url = self._approval_url(decision.approval_id, request)
+        ask = ElicitRequestURLParams(
+            message=_awaiting_text(decision, retry_after) + f" Approve it at {url}",
+            url=url,
+        )
+        return InputRequiredResult(input_requests={APPROVAL_INPUT: ElicitRequest(params=ask)})
+
+    @staticmethod
+    def _session_id(ctx: ServerRequestContext[Any], request: Any) -> str | None:
+        if request is not None:
+            value = request.headers.get(SESSION_HEADER)
+            if value:
+                return str(value)
+        meta = ctx.meta or {}
+        value = meta.get(SESSION_META_KEY) if isinstance(meta, dict) else None
+        return value if isinstance(value, str) and value else None
+
+    async def _register(self, runtime: Runtime, org_id: str, tool: GatewayTool) -> None:
+        """Register the tool for the org with its current tier (once per process and policy)."""
+        compensation = tool.compensation()
+        policy = (tool.tier, canonical_json(compensation) if compensation else None)
+        if self._registered.get((org_id, tool.name)) == policy:
+            return
+        await runtime.engine.register_tool(
+            org_id, tool.name, tier=tool.tier, compensation=compensation
+        )
+        self._registered[(org_id, tool.name)] = policy
+
+    @staticmethod
+    async def _retry_step(
+        runtime: Runtime, org_id: str, session_id: str, tool_name: str, args: Any
+    ) -> int | None:
+        """The step of an identical earlier call of this session, if there is one."""
+        try:
+            session = str(uuid.UUID(session_id))
+            args_json = canonical_json(args)
+        except (ValueError, TypeError, AttributeError):
+            return None  # intercept refuses it with the reason
+        async with runtime.store.reader() as q:
+            match = await q.find_unfinished_call(
+                org_id, session, tool_name, args_json, _RETRY_STATES
+            )
+        return match.step_index if match is not None else None
