@@ -234,5 +234,7 @@ def create_app(settings: Settings) -> Any:
         max_body_bytes=settings.max_body_bytes,
         tokens=tokens,
     )
+    tool_call_route = next(r for r in api.routes if getattr(r, "path", "") == "/mcp/tool_call")
+    edge.fast_routes[("POST", "/mcp/tool_call")] = (tool_call_route, tool_call)
     edge.fastapi = api  # type: ignore[attr-defined]  # for tests and the CLI
     return edge
