@@ -11,6 +11,7 @@ with `/complete` or `/fail`, and calls rollback again).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -20,6 +21,7 @@ from starlette.responses import Response
 from undolog.engine.saga import Claim, RollbackStatus
 from undolog.proxy.executor import ToolTransportError
 from undolog.proxy.wire import error_body, error_response, json_response, undo_entry_json
+from undolog.store.records import UndoEntryRecord
 from undolog_sdk.errors import (
     CompensationFailed,
     EffectInDoubt,
@@ -174,45 +176,45 @@ async def claim_entry(entry: str, request: Request) -> Response:
     return json_response(body)
 
 
-@router.post("/undo/{entry}/complete")
-async def complete_entry(entry: str, request: Request) -> Response:
+async def _entry_answer(
+    request: Request, action: Callable[[Runtime, str], Awaitable[UndoEntryRecord]]
+) -> Response:
+    """Run one undo-entry operation for the caller's org; the entry, or the error body."""
     runtime: Runtime = request.app.state.runtime
     try:
-        done = await runtime.saga.complete(request.state.org_id, entry)
+        entry = await action(runtime, request.state.org_id)
     except UndoLogError as exc:
         return error_response(request.state.request_id, exc)
-    return json_response(undo_entry_json(done))
+    return json_response(undo_entry_json(entry))
+
+
+@router.post("/undo/{entry}/complete")
+async def complete_entry(entry: str, request: Request) -> Response:
+    return await _entry_answer(request, lambda rt, org: rt.saga.complete(org, entry))
 
 
 @router.post("/undo/{entry}/fail")
 async def fail_entry(entry: str, request: Request) -> Response:
     """One failed attempt (`{"error": "..."}`); the last one escalates (502)."""
-    runtime: Runtime = request.app.state.runtime
-    try:
+
+    async def fail(runtime: Runtime, org_id: str) -> UndoEntryRecord:
         error = await _note(request, "error", required=True)
-        failed = await runtime.saga.fail_attempt(request.state.org_id, entry, error or "")
-    except UndoLogError as exc:
-        return error_response(request.state.request_id, exc)
-    return json_response(undo_entry_json(failed))
+        return await runtime.saga.fail_attempt(org_id, entry, error or "")
+
+    return await _entry_answer(request, fail)
 
 
 @router.post("/undo/{entry}/retry")
 async def retry_entry(entry: str, request: Request) -> Response:
-    runtime: Runtime = request.app.state.runtime
-    try:
-        reopened = await runtime.saga.retry(request.state.org_id, entry)
-    except UndoLogError as exc:
-        return error_response(request.state.request_id, exc)
-    return json_response(undo_entry_json(reopened))
+    return await _entry_answer(request, lambda rt, org: rt.saga.retry(org, entry))
 
 
 @router.post("/undo/{entry}/resolve")
 async def resolve_entry(entry: str, request: Request) -> Response:
     """An operator marks a failed entry handled by hand: `{"note": "..."}`."""
-    runtime: Runtime = request.app.state.runtime
-    try:
+
+    async def resolve(runtime: Runtime, org_id: str) -> UndoEntryRecord:
         note = await _note(request, "note", required=True)
-        resolved = await runtime.saga.resolve(request.state.org_id, entry, note or "")
-    except UndoLogError as exc:
-        return error_response(request.state.request_id, exc)
-    return json_response(undo_entry_json(resolved))
+        return await runtime.saga.resolve(org_id, entry, note or "")
+
+    return await _entry_answer(request, resolve)
