@@ -79,7 +79,7 @@ def result_to_tool_result(result: CallToolResult) -> ToolResult:
     if result.is_error:
         texts = [c.text for c in result.content if isinstance(c, TextContent)]
         error = "\n".join(texts) or "the tool reported an error"
-    return ToolResult(not result.is_error, output, error, 200)
+    return ToolResult(not result.is_error, output, error)
 
 
 def _error_result(message: str) -> CallToolResult:
@@ -274,7 +274,7 @@ class UpstreamPool:
             try:
                 args = resolve_mapping(args[COMPENSATION_ARGS_KEY], args)
             except MappingError as exc:
-                return ToolResult(False, None, f"compensation arguments: {exc}", 200)
+                return ToolResult(False, None, f"compensation arguments: {exc}")
         if not isinstance(args, dict):
-            return ToolResult(False, None, "MCP tool arguments must be an object", 200)
+            return ToolResult(False, None, "MCP tool arguments must be an object")
         return result_to_tool_result(await self.call_upstream(tool_name, args))

@@ -61,7 +61,6 @@ def event_data(event: EventRecord) -> str:
 class Subscriber:
     org_id: str
     queue: asyncio.Queue[EventRecord]
-    dropped: int = 0
 
 
 @dataclass
@@ -79,6 +78,8 @@ class EventBroker:
     _gap_since: float | None = None
     _closers: list[Any] = field(default_factory=list)
     _advancing: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _announce: bool = False  # this process committed events other processes have not heard of
+    _last_announce: float = 0.0
 
     async def start(self) -> None:
         async with self.store.reader() as q:
@@ -101,12 +102,8 @@ class EventBroker:
 
     def _local_commit(self) -> None:
         self._announce = True
-        if self._subscribers_total:
+        if any(self._subscribers.values()):  # a subscriber here wants it now
             self._wake.set()
-
-    _announce: bool = False
-    _last_announce: float = 0.0
-    _subscribers_total: int = 0
 
     async def _run(self) -> None:
         while True:
@@ -163,7 +160,6 @@ class EventBroker:
             try:
                 sub.queue.put_nowait(event)
             except asyncio.QueueFull:
-                sub.dropped += 1
                 self.metrics.sse_events_dropped.labels(event.org_id).inc()
 
     def subscribe(self, org_id: str) -> Subscriber | None:
@@ -173,15 +169,12 @@ class EventBroker:
             return None
         sub = Subscriber(org_id, asyncio.Queue(self.queue_size))
         subs.add(sub)
-        self._subscribers_total += 1
         self.metrics.sse_subscribers.labels(org_id).set(len(subs))
         return sub
 
     def unsubscribe(self, sub: Subscriber) -> None:
         subs = self._subscribers.get(sub.org_id, set())
-        if sub in subs:
-            subs.discard(sub)
-            self._subscribers_total -= 1
+        subs.discard(sub)
         self.metrics.sse_subscribers.labels(sub.org_id).set(len(subs))
 
 

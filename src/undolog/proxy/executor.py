@@ -26,7 +26,6 @@ class ToolResult:
     success: bool
     output: Any
     error: str | None
-    http_status: int
 
     def to_json(self) -> str:
         return orjson.dumps(
@@ -34,7 +33,7 @@ class ToolResult:
         ).decode()
 
 
-def _parse_tool_result(status: int, body: bytes) -> ToolResult | None:
+def _parse_tool_result(body: bytes) -> ToolResult | None:
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -44,7 +43,7 @@ def _parse_tool_result(status: int, body: bytes) -> ToolResult | None:
     error = data.get("error")
     if error is not None and not isinstance(error, str):
         error = str(error)
-    return ToolResult(data["success"], data.get("output"), error, status)
+    return ToolResult(data["success"], data.get("output"), error)
 
 
 class ToolRouter(Protocol):
@@ -123,7 +122,7 @@ class ToolExecutor:
             ) from None
         except aiohttp.ClientError as exc:
             raise ToolTransportError(f"upstream unreachable calling '{tool_name}': {exc}") from None
-        result = _parse_tool_result(status, raw)
+        result = _parse_tool_result(raw)
         if result is None:
             snippet = raw[:200].decode("utf-8", "replace")
             raise ToolTransportError(

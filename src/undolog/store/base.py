@@ -211,19 +211,6 @@ class Queries(abc.ABC):
         assert row is not None
         return _session(row)
 
-    async def insert_session(self, session: SessionRecord) -> bool:
-        changed = await self._execute(
-            f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (org_id, session_id) DO NOTHING",
-            session.org_id,
-            session.session_id,
-            session.state,
-            session.last_step,
-            session.created_us,
-            session.updated_us,
-        )
-        return changed == 1
-
     async def update_session(
         self,
         org_id: str,
