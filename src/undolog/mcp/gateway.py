@@ -279,6 +279,9 @@ class McpGateway:
             await self.pool.refresh_tools()
             tool = self.pool.get(params.name)
         if tool is None:
+            down = self.pool.unavailable(params.name)  # probably a real tool: nothing is recorded
+            if down is not None:
+                return _refusal(ToolError(down))
             raise MCPError(INVALID_PARAMS, f"Unknown tool: {params.name}")
         args = params.arguments or {}
         session_id = self._session_id(ctx, request)

@@ -6,6 +6,10 @@ task of its own, so an upstream that goes away fails its calls (and is reconnect
 one) without taking the proxy down. Tools are published under the upstream's name as a prefix
 (`memory.create_entities`), schemas and annotations unchanged.
 
+An upstream that cannot be reached at start does not stop the proxy either: it is logged, its
+tools are missing until it answers, and listing tries it again at most once every
+`RETRY_SECONDS`, so a dead server is not respawned on every request.
+
 The pool is also a tool router for `ToolExecutor`: a call the proxy runs itself (an approved
 call, a compensation during a rollback) whose tool name has an upstream's prefix goes to that
 upstream instead of the HTTP tool server.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,11 +33,21 @@ from undolog.mcp.config import PREFIX_SEPARATOR, McpToolPolicy, McpUpstream, tie
 from undolog.mcp.mapping import MappingError, resolve_mapping
 from undolog.proxy.executor import ToolResult, ToolTransportError
 
-__all__ = ["COMPENSATION_ARGS_KEY", "GatewayTool", "UpstreamPool", "result_to_tool_result"]
+__all__ = [
+    "COMPENSATION_ARGS_KEY",
+    "RETRY_SECONDS",
+    "GatewayTool",
+    "UpstreamPool",
+    "result_to_tool_result",
+]
 
 # The compensation descriptor's captured args carry the argument mapping under this key; the
 # pool resolves it against the payload (`original_args`, `original_result`) when it runs.
 COMPENSATION_ARGS_KEY = "undolog_mcp_args"
+
+# After a failed connection, listing tools leaves the upstream alone for this long. A call of
+# one of its tools still tries at once: the agent asked for it, and the attempt is recorded.
+RETRY_SECONDS = 5.0
 
 _log = structlog.get_logger("undolog.mcp")
 
@@ -86,6 +101,16 @@ def _error_result(message: str) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
 
 
+def _describe(exc: BaseException) -> str:
+    """An error without its task groups: `ConnectError: All connection attempts failed`."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(e) for e in exc.exceptions)
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 async def _open_client(
     upstream: McpUpstream, stack: contextlib.AsyncExitStack, timeout_seconds: float
 ) -> Client:
@@ -116,23 +141,63 @@ class _Link:
     by the next call that needs it.
     """
 
-    def __init__(self, upstream: McpUpstream, timeout_seconds: float) -> None:
+    def __init__(self, upstream: McpUpstream, timeout_seconds: float, retry_seconds: float) -> None:
         self.upstream = upstream
         self.timeout_seconds = timeout_seconds
+        self.retry_seconds = retry_seconds
         self.client: Client | None = None
+        self.error: str | None = None  # why the last connection failed, until one succeeds
+        self._retry_at = 0.0  # `time.monotonic()` before which `connect(backoff=True)` refuses
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._lock = asyncio.Lock()
 
-    async def connect(self) -> Client:
-        """The open client, connecting first if there is none. Raises what connecting raised."""
+    @property
+    def connected(self) -> bool:
+        return self.client is not None and self._task is not None and not self._task.done()
+
+    async def connect(self, *, backoff: bool = False) -> Client:
+        """The open client, connecting first if there is none.
+
+        Args:
+            backoff: refuse without trying if the last attempt failed under `retry_seconds` ago.
+
+        Raises:
+            ToolTransportError: the upstream cannot be reached.
+        """
         async with self._lock:
-            if self.client is not None and self._task is not None and not self._task.done():
+            if self.connected:
+                assert self.client is not None
                 return self.client
+            if backoff and self.error is not None and time.monotonic() < self._retry_at:
+                raise ToolTransportError(self.unavailable())
             ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
             self._stop = asyncio.Event()
             self._task = asyncio.create_task(self._hold(ready), name=f"mcp-{self.upstream.name}")
-            return await ready
+            try:
+                client = await ready
+            except Exception as exc:
+                self.error = _describe(exc)
+                self._retry_at = time.monotonic() + self.retry_seconds
+                # Name and transport only: `headers` and `env` may hold secrets.
+                _log.warning(
+                    "mcp_upstream_unreachable",
+                    upstream=self.upstream.name,
+                    transport=self.upstream.transport,
+                    error=self.error,
+                    retry_seconds=self.retry_seconds,
+                )
+                raise ToolTransportError(self.unavailable()) from None
+            if self.error is not None:
+                _log.info("mcp_upstream_reconnected", upstream=self.upstream.name)
+            self.error = None
+            return client
+
+    def unavailable(self) -> str:
+        return (
+            f"MCP upstream '{self.upstream.name}' is unavailable ({self.error}); UndoLog tries "
+            f"it again at most every {self.retry_seconds:g}s"
+        )
 
     async def _hold(self, ready: asyncio.Future[Client]) -> None:
         try:
@@ -144,7 +209,7 @@ class _Link:
             if not ready.done():
                 ready.set_exception(exc)
             else:
-                _log.warning("mcp_upstream_lost", upstream=self.upstream.name, error=repr(exc))
+                _log.warning("mcp_upstream_lost", upstream=self.upstream.name, error=_describe(exc))
         finally:
             self.client = None
             if not ready.done():  # cancelled while connecting
@@ -161,18 +226,29 @@ class _Link:
 class UpstreamPool:
     """Open clients to the configured upstreams; see the module docstring."""
 
-    def __init__(self, upstreams: tuple[McpUpstream, ...], *, timeout_seconds: float) -> None:
+    def __init__(
+        self,
+        upstreams: tuple[McpUpstream, ...],
+        *,
+        timeout_seconds: float,
+        retry_seconds: float | None = None,
+    ) -> None:
+        """`retry_seconds` defaults to `RETRY_SECONDS` as it is when the pool is made."""
         self.upstreams = {u.name: u for u in upstreams}
         self.timeout_seconds = timeout_seconds
+        self.retry_seconds = RETRY_SECONDS if retry_seconds is None else retry_seconds
         self._links: dict[str, _Link] = {}
         self._tools: dict[str, GatewayTool] = {}
 
     async def start(self) -> None:
-        """Connect to every upstream and list its tools. Raises if one cannot be reached."""
-        self._links = {n: _Link(u, self.timeout_seconds) for n, u in self.upstreams.items()}
+        """Connect to every upstream and list its tools.
+
+        One that cannot be reached is logged and tried again by a later `refresh_tools`.
+        """
+        self._links = {
+            n: _Link(u, self.timeout_seconds, self.retry_seconds) for n, u in self.upstreams.items()
+        }
         try:
-            for link in self._links.values():
-                await link.connect()
             await self.refresh_tools()
         except BaseException:
             await self.close()
@@ -186,13 +262,14 @@ class UpstreamPool:
     async def refresh_tools(self) -> list[GatewayTool]:
         """List every upstream's tools again (all pages), under their prefixed names.
 
-        An upstream that cannot be reached keeps the tools it had.
+        An upstream that cannot be reached keeps the tools it had (none, if it never answered);
+        one whose last connection failed is tried again only after `retry_seconds`.
         """
         tools: dict[str, GatewayTool] = {}
         for name, link in self._links.items():
             upstream = self.upstreams[name]
             try:
-                client = await link.connect()
+                client = await link.connect(backoff=True)
                 cursor: str | None = None
                 found: dict[str, GatewayTool] = {}
                 while True:
@@ -204,9 +281,8 @@ class UpstreamPool:
                     if not cursor:
                         break
             except Exception as exc:
-                if not self._tools:  # at start: the caller decides
-                    raise
-                _log.warning("mcp_upstream_unlisted", upstream=name, error=repr(exc))
+                if not isinstance(exc, ToolTransportError):  # connecting logs its own failure
+                    _log.warning("mcp_upstream_unlisted", upstream=name, error=_describe(exc))
                 found = {k: t for k, t in self._tools.items() if t.upstream.name == name}
             tools.update(found)
         self._tools = tools
@@ -217,6 +293,14 @@ class UpstreamPool:
 
     def get(self, name: str) -> GatewayTool | None:
         return self._tools.get(name)
+
+    def unavailable(self, name: str) -> str | None:
+        """Why a prefixed tool cannot be listed: its upstream is down. None if it is up."""
+        split = self._split(name)
+        link = self._links.get(split[0].name) if split is not None else None
+        if link is None or link.connected or link.error is None:
+            return None
+        return link.unavailable()
 
     def _split(self, name: str) -> tuple[McpUpstream, str] | None:
         prefix, sep, tool = name.partition(PREFIX_SEPARATOR)
@@ -239,12 +323,7 @@ class UpstreamPool:
         if split is None or link is None:
             raise ToolTransportError(f"no MCP upstream serves '{name}'")
         upstream, tool = split
-        try:
-            client = await link.connect()
-        except Exception as exc:
-            raise ToolTransportError(
-                f"upstream '{upstream.name}' cannot be reached: {exc!r}"
-            ) from None
+        client = await link.connect()
         try:
             return await client.call_tool(tool, args)
         except MCPError as exc:
