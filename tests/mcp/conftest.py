@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import shutil
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -25,6 +26,7 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult, TextContent
 
 from tests.support.servers import ThreadServer
 from undolog.config import OrgConfig, Settings, hash_api_key
@@ -157,3 +159,101 @@ def session_id() -> str:
 @pytest.fixture(params=ERAS)
 def era(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+# --- any [mcp] table, and mcp-server-git (PyPI) in front of a fresh repository ----------------
+
+
+@contextlib.contextmanager
+def serve_gateway(mcp: dict[str, Any], database_url: str, state_dir: Path) -> Iterator[Gateway]:
+    """A proxy in a thread whose `[mcp]` table is `mcp`, with a fresh org and key."""
+    from undolog.proxy import create_app
+
+    org_id, key = f"org-{secrets.token_hex(6)}", "ul_test_" + secrets.token_urlsafe(18)
+    settings = Settings(
+        database_url=database_url,
+        upstream_timeout_seconds=20.0,
+        lease_seconds=30.0,
+        log_level="warning",
+        orgs=(OrgConfig(org_id=org_id, api_key_hashes=(hash_api_key(key),)),),
+        mcp=parse_mcp_settings(mcp),
+    )
+    server = ThreadServer(create_app(settings)).start()
+    try:
+        yield Gateway(server.url, key, org_id, state_dir / "memory.jsonl", server)
+    finally:
+        server.stop()
+
+
+def git(repo: Path, *args: str) -> str:
+    """Run git in `repo`: the tests' view of the repository's real state."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    done = subprocess.run(
+        ["git", *args], cwd=repo, env=env, capture_output=True, text=True, timeout=30, check=True
+    )
+    return done.stdout
+
+
+@pytest.fixture
+def git_repo(tmp_path: Path) -> Path:
+    """A fresh repository with one commit, its identity set locally."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "--quiet", "--initial-branch=main")
+    git(repo, "config", "user.name", "UndoLog Tests")
+    git(repo, "config", "user.email", "tests@undolog.invalid")
+    (repo / "README.md").write_text("first\n")
+    git(repo, "add", "README.md")
+    git(repo, "commit", "--quiet", "-m", "first commit")
+    return repo
+
+
+def git_server_command(repo: Path) -> tuple[str, list[str]]:
+    return sys.executable, ["-m", "mcp_server_git", "--repository", str(repo)]
+
+
+def git_gateway_config(repo: Path) -> dict[str, Any]:
+    """mcp-server-git marks its reads `readOnlyHint` and its writes not; the config says more.
+
+    git_add is undone by git_reset, a coarse undo: it unstages everything, not only what the
+    call staged. git_commit waits for a person. git_create_branch, git_checkout and git_reset
+    are not named: not read-only, so irreversible by their annotations.
+    """
+    command, args = git_server_command(repo)
+    return {
+        "upstreams": [
+            {
+                "name": "git",
+                "transport": "stdio",
+                "command": command,
+                "args": args,
+                "tools": {
+                    "git_status": {"tier": "safe"},
+                    "git_log": {"tier": "safe"},
+                    "git_add": {
+                        "tier": "compensable",
+                        "compensation": {
+                            "tool": "git_reset",
+                            "args": {"repo_path": "$.original_args.repo_path"},
+                            "max_retries": 1,
+                            "retry_backoff_ms": 10,
+                        },
+                    },
+                    "git_commit": {"tier": "irreversible"},
+                },
+            }
+        ]
+    }
+
+
+@pytest.fixture
+def git_gateway(tmp_path: Path, git_repo: Path) -> Iterator[Gateway]:
+    with serve_gateway(
+        git_gateway_config(git_repo), f"sqlite:///{tmp_path / 'undolog.db'}", tmp_path
+    ) as gateway:
+        yield gateway
+
+
+def text_of(result: CallToolResult) -> str:
+    """The text content of a tool result."""
+    return "\n".join(c.text for c in result.content if isinstance(c, TextContent))
