@@ -532,15 +532,89 @@ async def test_an_identical_call_without_a_step_while_the_first_runs_is_the_same
     assert (len(view.effects), view.session.last_step) == (1, 1)
 
 
-async def test_an_identical_call_without_a_step_after_the_first_committed_is_a_new_call(
+async def test_an_identical_call_without_a_step_whose_answer_was_delivered_is_a_new_call(
     engine: Engine, org_id: str
 ) -> None:
     session = new_session()
     first = await send(engine, org_id, session, step=None)
     await engine.commit(org_id, first.effect_id, RESULT)
+    await engine.mark_delivered(org_id, [first.effect_id])
     second = await send(engine, org_id, session, step=None)
     assert (second.outcome, second.step_index) == (Outcome.EXECUTE, 2)
     assert second.effect_id != first.effect_id
+
+
+async def test_an_identical_call_without_a_step_whose_answer_was_lost_replays_it(
+    engine: Engine, org_id: str
+) -> None:
+    session = new_session()
+    first = await send(engine, org_id, session, step=None)
+    await engine.commit(org_id, first.effect_id, RESULT)
+    again = await send(engine, org_id, session, step=None)
+    assert (again.outcome, again.effect_id, again.step_index) == (
+        Outcome.REPLAY,
+        first.effect_id,
+        1,
+    )
+    assert again.result_json == RESULT
+    # Delivered now: the next identical call is a new one.
+    await engine.mark_delivered(org_id, [again.effect_id])
+    third = await send(engine, org_id, session, step=None)
+    assert (third.outcome, third.step_index) == (Outcome.EXECUTE, 2)
+
+
+async def test_a_failed_call_without_a_step_runs_again_on_its_effect_until_its_failure_is_seen(
+    engine: Engine, org_id: str
+) -> None:
+    session = new_session()
+    first = await send(engine, org_id, session, step=None)
+    await engine.fail(org_id, first.effect_id, "upstream down")
+    retried = await send(engine, org_id, session, step=None)
+    assert (retried.outcome, retried.effect_id, retried.attempt) == (
+        Outcome.EXECUTE,
+        first.effect_id,
+        2,
+    )
+    await engine.fail(org_id, retried.effect_id, "still down")
+    await engine.mark_delivered(org_id, [retried.effect_id])
+    fresh = await send(engine, org_id, session, step=None)
+    assert (fresh.step_index, fresh.attempt) == (2, 1) and fresh.effect_id != first.effect_id
+
+
+async def test_marking_delivered_leaves_a_call_that_is_running_again_alone(
+    engine: Engine, org_id: str
+) -> None:
+    session = new_session()
+    first = await send(engine, org_id, session, step=None)
+    await engine.fail(org_id, first.effect_id, "upstream down")
+    await send(engine, org_id, session, step=None)  # attempt 2 runs
+    await engine.mark_delivered(org_id, [first.effect_id])  # attempt 1's answer, late
+    await engine.commit(org_id, first.effect_id, RESULT)
+    again = await send(engine, org_id, session, step=None)
+    assert (again.outcome, again.effect_id) == (Outcome.REPLAY, first.effect_id)
+
+
+async def test_a_refused_call_without_a_step_stays_refused_in_its_session(
+    engine: Engine, org_id: str
+) -> None:
+    session = new_session()
+    asked = await send(engine, org_id, session, step=None, tool="delete_database")
+    await set_approval(engine, org_id, asked.approval_id, status="rejected", reason="no")
+    for _ in range(2):
+        with pytest.raises(ApprovalRejected) as caught:
+            await send(engine, org_id, session, step=None, tool="delete_database")
+        assert caught.value.approval_id == asked.approval_id
+    assert len((await engine.session_view(org_id, session)).effects) == 1
+
+
+async def test_an_sdk_run_call_without_a_step_counts_as_delivered_when_it_is_reported(
+    engine: Engine, org_id: str
+) -> None:
+    session = new_session()
+    first = await engine.intercept(org_id, session, "send_email", EMAIL, mode="sdk")
+    await engine.commit(org_id, first.effect_id, RESULT)
+    second = await engine.intercept(org_id, session, "send_email", EMAIL, mode="sdk")
+    assert (second.outcome, second.step_index) == (Outcome.EXECUTE, 2)
 
 
 async def test_an_identical_call_without_a_step_finds_its_approval_or_its_doubt(

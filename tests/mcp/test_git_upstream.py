@@ -89,9 +89,8 @@ async def test_a_staged_file_is_recorded_and_a_rollback_unstages_it(
     assert (git_repo / "notes.txt").read_text() == "one\n"
 
 
-# Depends on the delivery-tracking retry rule: a call identical to one whose answer the client
-# has already received is a new step, not a retry. Under the old rule it is replayed.
-@pytest.mark.xfail(reason="delivery-tracking retry rule lands in the same change", strict=False)
+# A call identical to one whose answer the client has already received is a new step, not a
+# retry (tests/mcp/test_delivery.py has the retries).
 async def test_the_same_write_after_its_answer_arrived_runs_again_as_a_new_step(
     git_gateway: Gateway, git_repo: Path, era: str, session_id: str
 ) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,11 +61,17 @@ __all__ = ["Engine"]
 
 MODES = ("proxy", "sdk")
 DEFAULT_APPROVAL_TIMEOUT_S = 3600
+# A step-less call identical to an earlier one of the session is a retry of it while that call
+# is unfinished or refused for good (these states: a rejected call stays rejected)...
 _UNFINISHED_STATES = (
     EffectState.EXECUTING.value,
     EffectState.AWAITING_APPROVAL.value,
     EffectState.IN_DOUBT.value,
+    EffectState.REJECTED.value,
+    EffectState.TIMED_OUT.value,
 )
+# ...or while it has run and its answer has not reached the client (`mark_delivered`).
+ANSWERED_STATES = (EffectState.COMMITTED.value, EffectState.FAILED.value)
 
 
 # Effect states whose approval the decision needs (its id, status and reason).
@@ -361,12 +367,13 @@ class Engine:
         tool_version: str | None,
         mode: str,
     ) -> _Plan:
-        """A call without a step: a retry of an unfinished identical call, or the next step."""
+        """A call without a step: a retry of an identical call whose answer is owed, or the
+        session's next step (see `_UNFINISHED_STATES` and `mark_delivered`)."""
         async with self.store.transaction(lock_key=session_lock_key(org_id, session_id)) as q:
             now = self._clock()
             session = await q.touch_session(org_id, session_id, 0, now)
             match = await q.find_unfinished_call(
-                org_id, session_id, tool.name, args_json, _UNFINISHED_STATES
+                org_id, session_id, tool.name, args_json, _UNFINISHED_STATES, ANSWERED_STATES
             )
             if match is not None:
                 return await self._decide_and_apply(
@@ -687,6 +694,18 @@ class Engine:
         )
 
     # -- commit / fail / resolve ---------------------------------------------------------------
+
+    async def mark_delivered(self, org_id: str, effect_ids: Sequence[str]) -> None:
+        """Note that these step-less calls' answers reached their client.
+
+        From then on an identical call of the session is a new call (the next step), not a
+        retry. Only the answer of a call that ran counts (committed or failed); an effect
+        that has moved on since (run again by a retry) is left alone.
+        """
+        if not effect_ids:
+            return
+        async with self.store.autocommit() as q:
+            await q.mark_delivered(org_id, effect_ids, ANSWERED_STATES, self._clock())
 
     async def commit(
         self, org_id: str, effect_id: str, result_json: str, *, undoable: bool = True

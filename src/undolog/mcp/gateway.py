@@ -23,10 +23,12 @@ engine like any call: the session comes from the `X-UndoLog-Session-Id` header (
 `input_required` result instead: its user is sent to the approval page, and the client's
 automatic retry returns the result once the call is approved (or the plain answer if not yet).
 
-An MCP client never sends a step, so a retry cannot be told apart from a deliberate repeat: the
-gateway treats a call identical (same tool, same arguments) to one this session already made as
-a retry of it, and hands the engine that call's step. A retry after an approval thus returns
-the approved run's result, and a write whose answer was lost is not run twice.
+An MCP client never sends a step, so the engine assigns one: a call identical (same tool, same
+arguments) to an earlier call of the session whose answer this client has not received (still
+running, awaiting approval, or sent when the client had gone) is a retry of it; any other call
+takes the session's next step. The gateway tells the engine which answers went out
+(`undolog.proxy.delivery`): a retry after an approval returns the approved run's result, a write
+whose answer was lost is not run twice, and a deliberate repeat runs again.
 """
 
 from __future__ import annotations
@@ -59,9 +61,9 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 import undolog
 from undolog.engine import Decision, Outcome
-from undolog.engine.states import EffectState
 from undolog.mcp.config import McpSettings
 from undolog.mcp.upstreams import GatewayTool, UpstreamPool
+from undolog.proxy.delivery import AnswerWatch, Delivery
 from undolog.proxy.executor import ToolTransportError
 from undolog.proxy.toolcall import execute_decision
 from undolog_sdk.errors import (
@@ -87,20 +89,7 @@ SESSION_META_KEY = "undolog/session_id"
 META_KEY = "undolog"  # the key of `_meta` on our results: effect, step, approval, error
 
 _ENGINE_FAILURES = (Database, Internal, Serialization, AdvisoryLockTimeout, DuplicateSignature)
-# A call identical to one in these states is a retry of it (see the module docstring); the
-# unfinished states are matched by the engine itself.
-_RETRY_STATES = tuple(
-    s.value
-    for s in (
-        EffectState.COMMITTED,
-        EffectState.COMPENSATING,
-        EffectState.COMPENSATED,
-        EffectState.COMPENSATION_FAILED,
-        EffectState.FAILED,
-        EffectState.REJECTED,
-        EffectState.TIMED_OUT,
-    )
-)
+ANSWERS_KEY = "undolog_answers"  # scope state: the answers this request carries (Delivery)
 
 
 def _text_result(text: str, meta: dict[str, Any], *, is_error: bool) -> CallToolResult:
@@ -197,6 +186,9 @@ class McpGateway:
                 "Tools of several MCP servers behind UndoLog: calls are recorded exactly once, "
                 "can be undone, and irreversible ones wait for a person's approval."
             ),
+            # The 2026-07-28 path checks a call's `Mcp-Param-*` headers against the tool's
+            # schema: from the tools already listed, not a fresh listing of every upstream.
+            get_tool_input_schema=self._input_schema,
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
         )
@@ -253,11 +245,38 @@ class McpGateway:
             )
             await send({"type": "http.response.body", "body": body})
             return
-        if self._manager is None:  # pragma: no cover - requests arrive inside the lifespan
+        if self._manager is None or self._runtime is None:  # pragma: no cover - lifespan
             raise RuntimeError("the MCP gateway is not running")
-        await self._manager.handle_request(scope, receive, send)
+        if scope["method"] != "POST":
+            await self._manager.handle_request(scope, receive, send)
+            return
+        # The edge has read the body already: past it, `receive` only reports the client
+        # leaving, which is what tells a lost answer from a delivered one.
+        first = await receive()
+        replayed = False
+
+        async def receive_body() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return first
+            return await receive()
+
+        answers: list[Delivery] = []
+        scope.setdefault("state", {})[ANSWERS_KEY] = answers
+        watch = AnswerWatch(receive)
+        try:
+            await self._manager.handle_request(scope, receive_body, watch.wrap(send))
+        finally:
+            await watch.close()
+            if answers:
+                await self._runtime.deliveries.finish(answers, sent=watch.sent)
 
     # -- MCP handlers --------------------------------------------------------------------------
+
+    def _input_schema(self, name: str) -> dict[str, Any] | None:
+        tool = self.pool.get(name)
+        return tool.tool.input_schema if tool is not None else None
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
@@ -300,10 +319,8 @@ class McpGateway:
         log = runtime.log.bind(request_id=request_id, org_id=org_id, session_id=session_id)
         try:
             await self._register(runtime, org_id, tool)
-            step = await self._retry_step(runtime, org_id, session_id, tool.name, args)
-            decision = await runtime.engine.intercept(
-                org_id, session_id, tool.name, args, step_index=step
-            )
+            await runtime.deliveries.settle(org_id, session_id)
+            decision = await runtime.engine.intercept(org_id, session_id, tool.name, args)
         except InvalidRequest as exc:
             raise MCPError(INVALID_PARAMS, exc.message) from None
         except _ENGINE_FAILURES as exc:
@@ -314,6 +331,7 @@ class McpGateway:
         except UndoLogError as exc:
             return _refusal(exc)
         if decision.outcome is Outcome.REPLAY:
+            self._answering(runtime, state, org_id, session_id, decision)
             return _with_meta(_recorded_result(decision.result_json), decision, "replayed")
         if decision.outcome is Outcome.AWAITING_APPROVAL:
             # A client that has already answered our request is not asked again: it gets the
@@ -322,6 +340,7 @@ class McpGateway:
                 return self._input_required(decision, request, runtime.retry_after_seconds)
             return _awaiting(decision, runtime.retry_after_seconds)
         execution = await execute_decision(runtime, decision, args, session_id, request_id, log)
+        self._answering(runtime, state, org_id, session_id, decision)
         if execution.error is not None:
             return _refusal(execution.error)
         status = "executed" if decision.logged else "passed_through"  # SAFE: not recorded
@@ -350,13 +369,16 @@ class McpGateway:
 
     @staticmethod
     def _session_id(ctx: ServerRequestContext[Any], request: Any) -> str | None:
-        if request is not None:
-            value = request.headers.get(SESSION_HEADER)
-            if value:
-                return str(value)
-        meta = ctx.meta or {}
-        value = meta.get(SESSION_META_KEY) if isinstance(meta, dict) else None
-        return value if isinstance(value, str) and value else None
+        value = request.headers.get(SESSION_HEADER) if request is not None else None
+        if not value:
+            meta = ctx.meta or {}
+            value = meta.get(SESSION_META_KEY) if isinstance(meta, dict) else None
+        if not isinstance(value, str) or not value:
+            return None
+        try:
+            return str(uuid.UUID(value))  # one spelling, as the engine keeps it
+        except ValueError:
+            return value  # the engine refuses it, with the reason
 
     async def _register(self, runtime: Runtime, org_id: str, tool: GatewayTool) -> None:
         """Register the tool for the org with its current tier (once per process and policy)."""
@@ -370,17 +392,10 @@ class McpGateway:
         self._registered[(org_id, tool.name)] = policy
 
     @staticmethod
-    async def _retry_step(
-        runtime: Runtime, org_id: str, session_id: str, tool_name: str, args: Any
-    ) -> int | None:
-        """The step of an identical earlier call of this session, if there is one."""
-        try:
-            session = str(uuid.UUID(session_id))
-            args_json = canonical_json(args)
-        except (ValueError, TypeError, AttributeError):
-            return None  # intercept refuses it with the reason
-        async with runtime.store.reader() as q:
-            match = await q.find_unfinished_call(
-                org_id, session, tool_name, args_json, _RETRY_STATES
-            )
-        return match.step_index if match is not None else None
+    def _answering(
+        runtime: Runtime, state: dict[str, Any], org_id: str, session_id: str, decision: Decision
+    ) -> None:
+        """This answer ends a recorded call: `__call__` marks it delivered once it is sent."""
+        answers = state.get(ANSWERS_KEY)
+        if decision.logged and answers is not None:
+            answers.append(runtime.deliveries.begin(org_id, session_id, decision.effect_id))

@@ -22,6 +22,7 @@ from undolog.engine.approvals import Approvals
 from undolog.engine.saga import Saga
 from undolog.proxy.approvals import router as approvals_router
 from undolog.proxy.approvals import sweep_forever
+from undolog.proxy.delivery import Deliveries
 from undolog.proxy.edge import Edge, KeyResolver
 from undolog.proxy.events import EventBroker
 from undolog.proxy.events import router as events_router
@@ -74,6 +75,7 @@ class Runtime:
     broker: EventBroker
     executor: ToolExecutor
     metrics: ProxyMetrics
+    deliveries: Deliveries
     retry_after_seconds: int
     commit_retry_attempts: int
     commit_retry_backoff_ms: int
@@ -136,6 +138,7 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
         broker=EventBroker(store, proxy_metrics),
         executor=executor,
         metrics=proxy_metrics,
+        deliveries=Deliveries(engine),
         retry_after_seconds=settings.retry_after_seconds,
         commit_retry_attempts=max(1, settings.commit_retry_attempts),
         commit_retry_backoff_ms=settings.commit_retry_backoff_ms,

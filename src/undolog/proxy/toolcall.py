@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -16,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from undolog.engine import Decision, Outcome
+from undolog.proxy.delivery import AnswerWatch, WatchedResponse
 from undolog.proxy.executor import ToolTransportError
 from undolog.proxy.wire import (
     JSON_TYPE,
@@ -124,6 +126,36 @@ async def tool_call(request: Request) -> Response:
     except InvalidRequest as exc:
         return error_response(request_id, exc)
     mode = request.headers.get(_MODE_HEADER) or data.get("mode", "proxy")
+    if data.get("step_index") is not None or mode != "proxy":
+        response, _ = await _answer(runtime, request_id, org_id, data, mode)
+        return response
+    # A step-less call the proxy runs: its answer is watched, so that the engine can tell a
+    # retry (the answer was lost) from a repeat (see `undolog.proxy.delivery`).
+    session_id = _one_spelling(data["session_id"])
+    watch = AnswerWatch(request.receive)
+    try:
+        await runtime.deliveries.settle(org_id, session_id)
+        response, answered = await _answer(runtime, request_id, org_id, data, mode)
+    except BaseException:
+        await watch.close()
+        raise
+    answers = []
+    if answered is not None and answered.logged:
+        answers.append(runtime.deliveries.begin(org_id, session_id, answered.effect_id))
+    return WatchedResponse(response, watch, runtime.deliveries, answers)
+
+
+def _one_spelling(session_id: str) -> str:
+    try:
+        return str(uuid.UUID(session_id))
+    except (ValueError, TypeError, AttributeError):
+        return session_id  # intercept refuses it, with the reason
+
+
+async def _answer(
+    runtime: Runtime, request_id: str, org_id: str, data: dict[str, Any], mode: str
+) -> tuple[Response, Decision | None]:
+    """The call's answer, and the decision when the answer ends the call (ran or replayed)."""
     session_id: str = data["session_id"]
     tool_name: str = data["tool_name"]
     args = data["args"]
@@ -145,9 +177,9 @@ async def tool_call(request: Request) -> Response:
         )
     except _ENGINE_FAILURES as exc:
         log.warning("intercept_failed", error=exc.message)
-        return error_response(request_id, InterceptFailed(exc.message))
+        return error_response(request_id, InterceptFailed(exc.message)), None
     except UndoLogError as exc:
-        return error_response(request_id, exc)
+        return error_response(request_id, exc), None
 
     headers = _step_header(decision)
     if decision.outcome is Outcome.REPLAY:
@@ -155,7 +187,7 @@ async def tool_call(request: Request) -> Response:
             decision.effect_id.encode(),
             (decision.result_json or "null").encode(),
         )
-        return Response(body, media_type=JSON_TYPE, headers=headers)
+        return Response(body, media_type=JSON_TYPE, headers=headers), decision
     if decision.outcome is Outcome.AWAITING_APPROVAL:
         return json_response(
             {
@@ -166,7 +198,7 @@ async def tool_call(request: Request) -> Response:
             },
             202,
             headers,
-        )
+        ), None
     if mode == "sdk":
         return json_response(
             {
@@ -177,15 +209,15 @@ async def tool_call(request: Request) -> Response:
             },
             200,
             headers,
-        )
+        ), None
     execution = await execute_decision(runtime, decision, args, session_id, request_id, log)
     if execution.error is not None:
-        return error_response(request_id, execution.error)
+        return error_response(request_id, execution.error), decision
     body = b'{"status":"executed","effect_id":"%s","result":%s}' % (
         decision.effect_id.encode(),
         (execution.result_json or "null").encode(),
     )
-    return Response(body, media_type=JSON_TYPE, headers=headers)
+    return Response(body, media_type=JSON_TYPE, headers=headers), decision
 
 
 @dataclass(frozen=True, slots=True)

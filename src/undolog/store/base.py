@@ -260,21 +260,53 @@ class Queries(abc.ABC):
         return _effect(row) if row else None
 
     async def find_unfinished_call(
-        self, org_id: str, session_id: str, tool_name: str, args_json: str, states: Sequence[str]
+        self,
+        org_id: str,
+        session_id: str,
+        tool_name: str,
+        args_json: str,
+        states: Sequence[str],
+        undelivered_states: Sequence[str] = (),
     ) -> EffectRecord | None:
-        """The latest effect of this session for the same tool and args in one of `states`."""
+        """The latest effect of this session for the same tool and args whose answer is owed.
+
+        That is one in `states`, or one in `undelivered_states` whose answer has not been
+        marked delivered (`mark_delivered`).
+        """
         marks = ", ".join("?" for _ in states)
+        owed = ""
+        if undelivered_states:
+            owed_marks = ", ".join("?" for _ in undelivered_states)
+            owed = f" OR (delivered_us IS NULL AND state IN ({owed_marks}))"
         row = await self._fetchrow(
             f"SELECT {EFFECT_COLUMNS} FROM effects WHERE org_id = ? AND session_id = ? "
-            f"AND tool_name = ? AND args = ? AND state IN ({marks}) "
+            f"AND tool_name = ? AND args = ? AND (state IN ({marks}){owed}) "
             "ORDER BY step_index DESC LIMIT 1",
             org_id,
             session_id,
             tool_name,
             args_json,
             *states,
+            *undelivered_states,
         )
         return _effect(row) if row else None
+
+    async def mark_delivered(
+        self, org_id: str, effect_ids: Sequence[str], states: Sequence[str], now_us: int
+    ) -> int:
+        """Note that these effects' answers reached their client, if they are in `states`."""
+        if not effect_ids:
+            return 0
+        ids = ", ".join("?" for _ in effect_ids)
+        marks = ", ".join("?" for _ in states)
+        return await self._execute(
+            f"UPDATE effects SET delivered_us = ? WHERE org_id = ? AND effect_id IN ({ids}) "
+            f"AND state IN ({marks}) AND delivered_us IS NULL",
+            now_us,
+            org_id,
+            *effect_ids,
+            *states,
+        )
 
     async def insert_effect(self, effect: EffectRecord) -> bool:
         """Insert an effect unless its signature exists in the org; True when inserted."""
@@ -354,14 +386,20 @@ class Queries(abc.ABC):
         extra: dict[str, Any],
     ) -> EffectRecord | None:
         """Move a running (or in-doubt) effect to `target` and log the event; None when it
-        was in neither state (or does not exist). Dialects may do it in one statement."""
+        was in neither state (or does not exist). Dialects may do it in one statement.
+
+        An SDK-run effect counts as delivered here: its runner reports what it has.
+        """
         row = await self._fetchrow(
             "UPDATE effects SET state = ?, result = ?, error = ?, lease_expires_us = NULL, "
-            "finished_us = ?, updated_us = ? WHERE org_id = ? AND effect_id = ? "
+            "finished_us = ?, updated_us = ?, "
+            "delivered_us = CASE WHEN mode = 'sdk' THEN ? ELSE delivered_us END "
+            "WHERE org_id = ? AND effect_id = ? "
             f"AND state IN ('executing', 'in_doubt') RETURNING {EFFECT_COLUMNS}",
             target,
             result_json,
             error,
+            now_us,
             now_us,
             now_us,
             org_id,

@@ -83,7 +83,8 @@ class _PostgresQueries(Queries):
         self.events_written = True
         row = await self._conn.fetchrow(
             "WITH u AS (UPDATE effects SET state = $1, result = $2, error = $3, "
-            "lease_expires_us = NULL, finished_us = $4, updated_us = $4 "
+            "lease_expires_us = NULL, finished_us = $4, updated_us = $4, "
+            "delivered_us = CASE WHEN mode = 'sdk' THEN $4 ELSE delivered_us END "
             "WHERE org_id = $5 AND effect_id = $6 AND state IN ('executing', 'in_doubt') "
             f"RETURNING {EFFECT_COLUMNS}), "
             "e AS (INSERT INTO events (org_id, type, session_id, effect_id, payload, created_us) "

@@ -1,0 +1,160 @@
+"""Whether the answer of a step-less call reached its client.
+
+A call without a step (every MCP call, and a REST call that leaves out `step_index`) is a retry
+of an identical earlier call of its session for as long as that call's answer is owed to the
+client: it is still running, waits for approval, or ran but its answer was lost (the client
+had gone when it was sent). Once the answer has gone out, an identical call is a new one and
+takes the next step. The engine matches on the effect's `delivered_us`; this module sets it:
+
+- `AnswerWatch` watches one HTTP request: it notices the client leaving (uvicorn reports it
+  to `receive()`) and whether the final body was sent while the client was still there;
+- `Deliveries` marks the effects of answers that went out, after they went out. Until the
+  mark is written, a call of the same session waits for it (briefly, bounded), so that a
+  client that repeats a call the moment it has the answer is not taken for a retry. That
+  holds within one process; across processes the worst case is the safe one: a deliberate
+  repeat answered with the recorded result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+import structlog
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
+
+from undolog.engine import Engine
+from undolog_sdk.errors import UndoLogError
+
+__all__ = ["AnswerWatch", "Deliveries", "Delivery", "WatchedResponse"]
+
+# How long a call waits for the delivery mark of an earlier answer of its session.
+SETTLE_TIMEOUT_S = 5.0
+
+_log = structlog.get_logger("undolog.proxy")
+
+
+class AnswerWatch:
+    """One request: did its final response body go out while the client was connected?
+
+    `receive` must be past the request body: from here on it only reports a disconnect
+    (or, once the response is complete, returns one at once).
+    """
+
+    def __init__(self, receive: Receive) -> None:
+        self.gone = False  # the client left before the answer was sent
+        self.sent = False  # the final body was handed to the server with the client there
+        self._task = asyncio.create_task(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not self.sent:
+                    self.gone = True
+                return
+
+    def wrap(self, send: Send) -> Send:
+        async def send_watched(message: Message) -> None:
+            if (
+                message["type"] == "http.response.body"
+                and not message.get("more_body", False)
+                and not self.gone
+            ):
+                self.sent = True
+            await send(message)
+
+        return send_watched
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+@dataclass
+class _Pending:
+    count: int = 0
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """An answer being sent: the effect it carries, in its org and session."""
+
+    org_id: str
+    session_id: str
+    effect_id: str
+
+
+class Deliveries:
+    """Marks delivered answers; holds back calls of a session while a mark is on its way."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._pending: dict[tuple[str, str], _Pending] = {}
+
+    async def settle(self, org_id: str, session_id: str) -> None:
+        """Wait until the answers this process is sending on the session are marked."""
+        pending = self._pending.get((org_id, session_id))
+        if pending is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(pending.settled.wait(), SETTLE_TIMEOUT_S)
+
+    def begin(self, org_id: str, session_id: str, effect_id: str) -> Delivery:
+        """Called before the answer goes out; `finish` must follow."""
+        pending = self._pending.setdefault((org_id, session_id), _Pending())
+        pending.count += 1
+        return Delivery(org_id, session_id, effect_id)
+
+    async def finish(self, deliveries: list[Delivery], *, sent: bool) -> None:
+        """The answers went out (`sent`) or were lost: mark them, then let calls through."""
+        try:
+            if sent:
+                by_org: dict[str, list[str]] = {}
+                for d in deliveries:
+                    by_org.setdefault(d.org_id, []).append(d.effect_id)
+                for org_id, effect_ids in by_org.items():
+                    try:
+                        await self.engine.mark_delivered(org_id, effect_ids)
+                    except UndoLogError as exc:
+                        # Unmarked, an identical call replays this answer: the safe side.
+                        _log.warning("delivery_not_recorded", org_id=org_id, error=exc.message)
+        finally:
+            for d in deliveries:
+                key = (d.org_id, d.session_id)
+                pending = self._pending.get(key)
+                if pending is None:
+                    continue
+                pending.count -= 1
+                if pending.count <= 0:
+                    pending.settled.set()
+                    del self._pending[key]
+
+
+class WatchedResponse(Response):
+    """A REST answer sent under an `AnswerWatch`; its deliveries are marked once it is out."""
+
+    def __init__(
+        self,
+        response: Response,
+        watch: AnswerWatch,
+        deliveries: Deliveries,
+        answers: list[Delivery],
+    ) -> None:
+        super().__init__(response.body, response.status_code)
+        self.raw_headers = response.raw_headers
+        self._watch = watch
+        self._deliveries = deliveries
+        self._answers = answers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, self._watch.wrap(send))
+        finally:
+            await self._watch.close()
+            if self._answers:
+                await self._deliveries.finish(self._answers, sent=self._watch.sent)
