@@ -355,6 +355,55 @@ async def test_find_unfinished_call_returns_the_latest_matching_effect_in_the_gi
     assert elsewhere is None
 
 
+async def test_mark_delivered_ends_the_owed_answer_of_effects_in_the_given_states_of_its_org(
+    store: Store,
+) -> None:
+    org, other_org, session = new_org(), new_org(), new_session()
+    args = EFFECT.args_json
+    answered, running = ("committed", "failed"), ("executing",)
+
+    def call(org_id: str, step: int, **changes: Any) -> EffectRecord:
+        return make_effect(org_id, session_id=session, step_index=step, **changes)
+
+    committed = call(org, 1, state="committed")
+    failed = call(org, 2, state="failed", tool_name="create_record")
+    executing = call(org, 3, args_json='{"to":"b@example.com"}')
+    theirs = call(other_org, 1, state="committed")
+    async with store.transaction() as q:
+        for effect in (committed, failed, executing, theirs):
+            assert await q.insert_effect(effect)
+
+    async def owed(org_id: str, tool: str = "send_email", args_json: str = args) -> Any:
+        async with store.reader() as q:
+            return await q.find_unfinished_call(org_id, session, tool, args_json, running, answered)
+
+    assert await owed(org) == committed  # undelivered: its answer is still owed
+    assert await owed(org, "create_record") == failed
+    async with store.transaction() as q:
+        # Another org's effect, a state not listed, and the wrong org are all left alone.
+        assert await q.mark_delivered(org, [theirs.effect_id], answered, NOW) == 0
+        assert await q.mark_delivered(other_org, [committed.effect_id], answered, NOW) == 0
+        assert await q.mark_delivered(org, [committed.effect_id], ["failed"], NOW) == 0
+        assert await q.mark_delivered(org, [executing.effect_id], answered, NOW) == 0
+        assert await q.mark_delivered(org, [], answered, NOW) == 0
+    assert await owed(org) == committed
+    assert await owed(other_org) == theirs
+
+    ids = [committed.effect_id, failed.effect_id, executing.effect_id]
+    async with store.transaction() as q:
+        assert await q.mark_delivered(org, ids, answered, NOW) == 2
+        assert await q.mark_delivered(org, ids, answered, NOW + 1) == 0  # marked once
+        # The running one (passed over above) finishes later: its answer is owed again.
+        assert await q.update_effect(org, executing.effect_id, state="committed")
+    assert await owed(org) is None
+    assert await owed(org, "create_record") is None
+    assert await owed(org, args_json=executing.args_json) == replace(executing, state="committed")
+    assert await owed(other_org) == theirs
+    async with store.reader() as q:  # a state in `states` matches whether delivered or not
+        again = await q.find_unfinished_call(org, session, "send_email", args, ["committed"])
+    assert again == committed
+
+
 async def test_list_effects_returns_a_sessions_effects_in_step_order(store: Store) -> None:
     org, session = new_org(), new_session()
     effects = [make_effect(org, session_id=session, step_index=s) for s in (3, 1, 2)]
