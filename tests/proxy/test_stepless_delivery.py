@@ -192,12 +192,8 @@ async def test_a_call_whose_client_hung_up_is_replayed_to_its_retry_and_then_don
 # --- SDK mode: commit or fail delivers ------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("outcome", "report"),
-    [("commit", {"result": {"sent": True}}), ("fail", {"error": "smtp said no"})],
-)
-def test_an_sdk_call_reported_back_is_delivered_so_the_same_call_again_is_the_next_step(
-    proxy: ProxyHarness, outcome: str, report: dict[str, Any]
+def test_an_sdk_call_committed_is_delivered_so_the_same_call_again_is_the_next_step(
+    proxy: ProxyHarness,
 ) -> None:
     session = str(uuid.uuid4())
     sdk = {"X-UndoLog-Mode": "sdk"}
@@ -206,7 +202,7 @@ def test_an_sdk_call_reported_back_is_delivered_so_the_same_call_again_is_the_ne
         assert first.status_code == 200, first.text
         assert (first.json()["status"], step_of(first)) == ("execute", 1)
         effect_id = first.json()["effect_id"]
-        reported = c.post(f"/effects/{effect_id}/{outcome}", json=report)
+        reported = c.post(f"/effects/{effect_id}/commit", json={"result": {"sent": True}})
         assert reported.status_code == 200, reported.text
 
         again = c.post(TOOL_CALL, json=stepless(session), headers=sdk)
@@ -222,10 +218,31 @@ def test_an_sdk_call_reported_back_is_delivered_so_the_same_call_again_is_the_ne
     assert_error(by_body, 409, "in_progress")
     assert by_body.json()["effect_id"] == again.json()["effect_id"]
     assert [(e["step_index"], e["state"]) for e in effects(proxy, session)] == [
-        (1, "committed" if outcome == "commit" else "failed"),
+        (1, "committed"),
         (2, "executing"),
     ]
     assert proxy.counters("send_email") == {}
+
+
+def test_an_sdk_call_that_failed_is_run_again_on_its_effect_by_the_same_call(
+    proxy: ProxyHarness,
+) -> None:
+    """A failure is no result: the same call again is its retry, with the same effect id."""
+    session = str(uuid.uuid4())
+    sdk = {"X-UndoLog-Mode": "sdk"}
+    with proxy.client() as c:
+        first = c.post(TOOL_CALL, json=stepless(session), headers=sdk)
+        effect_id = first.json()["effect_id"]
+        reported = c.post(f"/effects/{effect_id}/fail", json={"error": "smtp said no"})
+        assert reported.status_code == 200, reported.text
+        again = c.post(TOOL_CALL, json=stepless(session), headers=sdk)
+    assert again.status_code == 200, again.text
+    assert (again.json()["effect_id"], again.json()["attempt"], step_of(again)) == (
+        effect_id,
+        2,
+        1,
+    )
+    assert [(e["step_index"], e["state"]) for e in effects(proxy, session)] == [(1, "executing")]
 
 
 # --- malformed --------------------------------------------------------------------------------

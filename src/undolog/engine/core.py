@@ -61,17 +61,20 @@ __all__ = ["Engine"]
 
 MODES = ("proxy", "sdk")
 DEFAULT_APPROVAL_TIMEOUT_S = 3600
-# A step-less call identical to an earlier one of the session is a retry of it while that call
-# is unfinished or refused for good (these states: a rejected call stays rejected)...
+# A step-less call identical to an earlier one of the session is a retry of it while the client
+# has not had that call's result: the call has not finished, it failed without a result (a
+# retry runs it again on the same effect, with the same idempotency key), or it was refused
+# for good (a rejected call stays rejected)...
 _UNFINISHED_STATES = (
     EffectState.EXECUTING.value,
     EffectState.AWAITING_APPROVAL.value,
     EffectState.IN_DOUBT.value,
+    EffectState.FAILED.value,
     EffectState.REJECTED.value,
     EffectState.TIMED_OUT.value,
 )
-# ...or while it has run and its answer has not reached the client (`mark_delivered`).
-ANSWERED_STATES = (EffectState.COMMITTED.value, EffectState.FAILED.value)
+# ...or it has a result that has not reached the client (`mark_delivered`).
+ANSWERED_STATES = (EffectState.COMMITTED.value,)
 
 
 # Effect states whose approval the decision needs (its id, status and reason).
@@ -699,8 +702,8 @@ class Engine:
         """Note that these step-less calls' answers reached their client.
 
         From then on an identical call of the session is a new call (the next step), not a
-        retry. Only the answer of a call that ran counts (committed or failed); an effect
-        that has moved on since (run again by a retry) is left alone.
+        retry. Only a result counts (a committed effect); an effect that has not committed
+        (failed, or run again by a retry) is left alone.
         """
         if not effect_ids:
             return

@@ -1,10 +1,11 @@
 """Whether the answer of a step-less call reached its client.
 
 A call without a step (every MCP call, and a REST call that leaves out `step_index`) is a retry
-of an identical earlier call of its session for as long as that call's answer is owed to the
-client: it is still running, waits for approval, or ran but its answer was lost (the client
-had gone when it was sent). Once the answer has gone out, an identical call is a new one and
-takes the next step. The engine matches on the effect's `delivered_us`; this module sets it:
+of an identical earlier call of its session for as long as that call's result is owed to the
+client: it is still running, waits for approval, failed without a result, or committed but its
+answer was lost (the client had gone when it was sent). Once a result has gone out, an
+identical call is a new one and takes the next step. The engine matches on the effect's
+`delivered_us`; this module sets it:
 
 - `AnswerWatch` watches one HTTP request: it notices the client leaving (uvicorn reports it
   to `receive()`) and whether the final body was sent while the client was still there;
