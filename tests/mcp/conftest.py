@@ -132,23 +132,8 @@ def gateway_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def gateway(tmp_path: Path, gateway_store: str) -> Iterator[Gateway]:
-    from undolog.proxy import create_app
-
-    org_id, key = f"org-{secrets.token_hex(6)}", "ul_test_" + secrets.token_urlsafe(18)
-    memory_file = tmp_path / "memory.jsonl"
-    settings = Settings(
-        database_url=gateway_store,
-        upstream_timeout_seconds=20.0,
-        lease_seconds=30.0,
-        log_level="warning",
-        orgs=(OrgConfig(org_id=org_id, api_key_hashes=(hash_api_key(key),)),),
-        mcp=parse_mcp_settings(gateway_config(memory_file)),
-    )
-    server = ThreadServer(create_app(settings)).start()
-    try:
-        yield Gateway(server.url, key, org_id, memory_file, server)
-    finally:
-        server.stop()
+    with serve_gateway(gateway_config(tmp_path / "memory.jsonl"), gateway_store, tmp_path) as g:
+        yield g
 
 
 @pytest.fixture
@@ -165,11 +150,19 @@ def era(request: pytest.FixtureRequest) -> str:
 
 
 @contextlib.contextmanager
-def serve_gateway(mcp: dict[str, Any], database_url: str, state_dir: Path) -> Iterator[Gateway]:
-    """A proxy in a thread whose `[mcp]` table is `mcp`, with a fresh org and key."""
+def serve_gateway(
+    mcp: dict[str, Any],
+    database_url: str,
+    state_dir: Path,
+    *,
+    org_id: str | None = None,
+    api_key: str | None = None,
+) -> Iterator[Gateway]:
+    """A proxy in a thread whose `[mcp]` table is `mcp`, with a fresh org and key (or these)."""
     from undolog.proxy import create_app
 
-    org_id, key = f"org-{secrets.token_hex(6)}", "ul_test_" + secrets.token_urlsafe(18)
+    org_id = org_id or f"org-{secrets.token_hex(6)}"
+    key = api_key or "ul_test_" + secrets.token_urlsafe(18)
     settings = Settings(
         database_url=database_url,
         upstream_timeout_seconds=20.0,

@@ -15,16 +15,14 @@ import os
 import secrets
 import signal
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.mcp.conftest import Gateway, gateway_config
-from tests.support.servers import ThreadServer, await_until
-from undolog.config import OrgConfig, Settings, hash_api_key
-from undolog.mcp.config import parse_mcp_settings
+from tests.mcp.conftest import Gateway, gateway_config, serve_gateway
+from tests.support.servers import await_until
 
 pytestmark = pytest.mark.slow
 
@@ -176,41 +174,25 @@ async def test_the_same_call_while_the_first_still_runs_is_told_to_wait(
     assert len(_effects(gateway, session_id)) == 1
 
 
-@contextlib.asynccontextmanager
-async def _proxy(settings: Settings, key: str, org_id: str, memory: Path) -> AsyncIterator[Gateway]:
-    from undolog.proxy import create_app
-
-    server = ThreadServer(create_app(settings)).start()
-    try:
-        yield Gateway(server.url, key, org_id, memory, server)
-    finally:
-        server.stop()
-
-
 async def test_owed_answers_and_the_step_counter_survive_a_restart(
     tmp_path: Path, session_id: str
 ) -> None:
-    org_id, key = f"org-{secrets.token_hex(6)}", "ul_test_" + secrets.token_urlsafe(18)
+    org = {"org_id": f"org-{secrets.token_hex(6)}", "api_key": "ul_" + secrets.token_urlsafe(18)}
     memory = tmp_path / "memory.jsonl"
-    settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'undolog.db'}",
-        upstream_timeout_seconds=20.0,
-        lease_seconds=30.0,
-        log_level="warning",
-        orgs=(OrgConfig(org_id=org_id, api_key_hashes=(hash_api_key(key),)),),
-        mcp=parse_mcp_settings(gateway_config(memory)),
-    )
+    database = f"sqlite:///{tmp_path / 'undolog.db'}"
+    config = gateway_config(memory)
     lost = {"entities": [_entity("eve")]}
-    async with _proxy(settings, key, org_id, memory) as before:
+    with serve_gateway(config, database, tmp_path, **org) as before:
         async with before.client(session_id) as client:
             seen = await client.call_tool(CREATE, {"entities": [_entity("fay")]})
         await _lose_the_answer(before, session_id, "legacy", lost)
     assert seen.meta is not None and seen.meta["undolog"]["step_index"] == 1
     memory.write_text("")
 
-    async with _proxy(settings, key, org_id, memory) as after, after.client(session_id) as client:
-        retry = await client.call_tool(CREATE, lost)
-        new = await client.call_tool(CREATE, {"entities": [_entity("gus")]})
+    with serve_gateway(config, database, tmp_path, **org) as after:
+        async with after.client(session_id) as client:
+            retry = await client.call_tool(CREATE, lost)
+            new = await client.call_tool(CREATE, {"entities": [_entity("gus")]})
     assert retry.meta is not None and new.meta is not None
     assert (retry.meta["undolog"]["status"], retry.meta["undolog"]["step_index"]) == (
         "replayed",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,10 +11,8 @@ import pytest
 from mcp.server.mcpserver import MCPServer
 from mcp_types import ToolAnnotations
 
-from tests.mcp.conftest import Gateway
+from tests.mcp.conftest import Gateway, serve_gateway
 from tests.support.servers import ThreadServer
-from undolog.config import OrgConfig, Settings, hash_api_key
-from undolog.mcp.config import parse_mcp_settings
 
 pytestmark = pytest.mark.slow
 
@@ -71,9 +68,6 @@ def upstream(counts: dict[str, int]) -> Iterator[ThreadServer]:
 
 @pytest.fixture
 def http_gateway(tmp_path: Path, upstream: ThreadServer) -> Iterator[Gateway]:
-    from undolog.proxy import create_app
-
-    org_id, key = f"org-{secrets.token_hex(6)}", "ul_test_" + secrets.token_urlsafe(18)
     mcp = {
         "upstreams": [
             {
@@ -84,18 +78,8 @@ def http_gateway(tmp_path: Path, upstream: ThreadServer) -> Iterator[Gateway]:
             }
         ]
     }
-    settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'undolog.db'}",
-        upstream_timeout_seconds=20.0,
-        log_level="warning",
-        orgs=(OrgConfig(org_id=org_id, api_key_hashes=(hash_api_key(key),)),),
-        mcp=parse_mcp_settings(mcp),
-    )
-    server = ThreadServer(create_app(settings)).start()
-    try:
-        yield Gateway(server.url, key, org_id, tmp_path / "unused", server)
-    finally:
-        server.stop()
+    with serve_gateway(mcp, f"sqlite:///{tmp_path / 'undolog.db'}", tmp_path) as gateway:
+        yield gateway
 
 
 async def test_an_http_upstreams_tools_keep_their_schemas_and_annotations(
