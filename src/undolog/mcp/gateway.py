@@ -29,6 +29,14 @@ running, awaiting approval, or sent when the client had gone) is a retry of it; 
 takes the session's next step. The gateway tells the engine which answers went out
 (`undolog.proxy.delivery`): a retry after an approval returns the approved run's result, a write
 whose answer was lost is not run twice, and a deliberate repeat runs again.
+
+Resources and prompts have no side effects, so they pass through and nothing is recorded:
+`prompts/list` and `resources/list`/`resources/templates/list` merge the upstreams' (prompts
+under the prefixes, resource URIs unchanged), `prompts/get` and `resources/read` go to the
+upstream the item came from (`UpstreamPool` has the routing rule). The lowlevel server derives
+its capabilities from its handlers, so these are added, and the `resources` and `prompts`
+capabilities advertised, once an upstream has declared them; resource subscriptions are not
+served.
 """
 
 from __future__ import annotations
@@ -52,9 +60,16 @@ from mcp_types import (
     CallToolResult,
     ElicitRequest,
     ElicitRequestURLParams,
+    GetPromptRequestParams,
+    GetPromptResult,
     InputRequiredResult,
+    ListPromptsResult,
+    ListResourcesResult,
+    ListResourceTemplatesResult,
     ListToolsResult,
     PaginatedRequestParams,
+    ReadResourceRequestParams,
+    ReadResourceResult,
     TextContent,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -62,7 +77,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 import undolog
 from undolog.engine import Decision, Outcome
 from undolog.mcp.config import McpSettings
-from undolog.mcp.upstreams import GatewayTool, UpstreamPool
+from undolog.mcp.upstreams import Capability, GatewayTool, UpstreamPool
 from undolog.proxy.delivery import AnswerWatch, Delivery
 from undolog.proxy.executor import ToolTransportError
 from undolog.proxy.toolcall import execute_decision
@@ -195,6 +210,7 @@ class McpGateway:
         self._manager: StreamableHTTPSessionManager | None = None
         self._runtime: Runtime | None = None
         self._registered: dict[tuple[str, str], tuple[str, str | None]] = {}
+        self._advertised: set[Capability] = set()
 
     @contextlib.asynccontextmanager
     async def serving(self, runtime: Runtime) -> AsyncIterator[None]:
@@ -247,6 +263,7 @@ class McpGateway:
             return
         if self._manager is None or self._runtime is None:  # pragma: no cover - lifespan
             raise RuntimeError("the MCP gateway is not running")
+        self._advertise()
         if scope["method"] != "POST":
             await self._manager.handle_request(scope, receive, send)
             return
@@ -272,6 +289,23 @@ class McpGateway:
             if answers:
                 await self._runtime.deliveries.finish(answers, sent=watch.sent)
 
+    def _advertise(self) -> None:
+        """Serve resources and prompts once an upstream has declared them (see the docstring).
+
+        Before each request, so that `initialize` and `server/discover` advertise them. A
+        handler stays once added: a client told of a capability may use it later.
+        """
+        new = self.pool.offered() - self._advertised
+        add = self.server.add_request_handler
+        if "resources" in new:
+            add("resources/list", PaginatedRequestParams, self._list_resources)
+            add("resources/templates/list", PaginatedRequestParams, self._list_templates)
+            add("resources/read", ReadResourceRequestParams, self._read_resource)
+        if "prompts" in new:
+            add("prompts/list", PaginatedRequestParams, self._list_prompts)
+            add("prompts/get", GetPromptRequestParams, self._get_prompt)
+        self._advertised |= new
+
     # -- MCP handlers --------------------------------------------------------------------------
 
     def _input_schema(self, name: str) -> dict[str, Any] | None:
@@ -283,6 +317,35 @@ class McpGateway:
     ) -> ListToolsResult:
         tools = await self.pool.refresh_tools()
         return ListToolsResult(tools=[t.tool for t in tools])
+
+    # Resources and prompts are read-only: straight to the upstreams, nothing is recorded. The
+    # pool raises `MCPError`s (unknown item, upstream down, the upstream's own error).
+
+    async def _list_resources(
+        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListResourcesResult:
+        return ListResourcesResult(resources=await self.pool.list_resources())
+
+    async def _list_templates(
+        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListResourceTemplatesResult:
+        templates = await self.pool.list_resource_templates()
+        return ListResourceTemplatesResult(resource_templates=templates)
+
+    async def _read_resource(
+        self, ctx: ServerRequestContext[Any], params: ReadResourceRequestParams
+    ) -> ReadResourceResult:
+        return await self.pool.read_resource(params.uri)
+
+    async def _list_prompts(
+        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListPromptsResult:
+        return ListPromptsResult(prompts=await self.pool.list_prompts())
+
+    async def _get_prompt(
+        self, ctx: ServerRequestContext[Any], params: GetPromptRequestParams
+    ) -> GetPromptResult:
+        return await self.pool.get_prompt(params.name, params.arguments)
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: CallToolRequestParams

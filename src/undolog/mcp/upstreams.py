@@ -13,21 +13,60 @@ tools are missing until it answers, and listing tries it again at most once ever
 The pool is also a tool router for `ToolExecutor`: a call the proxy runs itself (an approved
 call, a compensation during a rollback) whose tool name has an upstream's prefix goes to that
 upstream instead of the HTTP tool server.
+
+Resources and prompts are read-only, so they go straight to the upstreams (nothing is recorded).
+Prompts are published under the same prefixes as tools; resources keep their URIs, which are
+the servers' own identifiers. Each listing asks every upstream again (all pages) and leaves out
+an upstream that does not declare the capability, answers method-not-found, or does not answer
+at all (its items are absent while it is down). The pool remembers what each upstream listed
+last, also while it is down, and routes by it:
+
+- `prompts/get` goes to the upstream named by the prefix, if it listed the prompt.
+- `resources/read` goes to the upstream that listed the URI; if two listed it, the first in
+  config order (the other is logged once). A URI nobody listed goes to the upstreams that
+  listed a template matching it (RFC 6570), in config order, until one answers without error.
+  A URI that matches nothing even after listing again goes to every upstream that may serve
+  resources, in config order, the same way; if none can read it, it is an unknown resource.
+
+A read or a get of an item whose upstream is down is a JSON-RPC error naming the upstream
+(`-32603`, `data.upstream`); an upstream's own protocol error passes through as it is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import httpx2
 import structlog
-from mcp import Client, MCPError, StdioServerParameters
+from mcp import Client, InvalidUriTemplate, MCPError, StdioServerParameters, UriTemplate
 from mcp.client.streamable_http import streamable_http_client
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, TextContent, Tool
+from mcp_types import (
+    CONNECTION_CLOSED,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    REQUEST_TIMEOUT,
+    SERVER_INFO_META_KEY,
+    CallToolResult,
+    GetPromptResult,
+    ListPromptsResult,
+    ListResourcesResult,
+    ListResourceTemplatesResult,
+    ListToolsResult,
+    Prompt,
+    ReadResourceResult,
+    Resource,
+    ResourceTemplate,
+    ServerCapabilities,
+    TextContent,
+    Tool,
+)
 
 from undolog.mcp.config import PREFIX_SEPARATOR, McpToolPolicy, McpUpstream, tier_for
 from undolog.mcp.mapping import MappingError, resolve_mapping
@@ -50,6 +89,13 @@ COMPENSATION_ARGS_KEY = "undolog_mcp_args"
 RETRY_SECONDS = 5.0
 
 _log = structlog.get_logger("undolog.mcp")
+
+Capability = Literal["resources", "prompts"]  # what an upstream may serve besides tools
+_T = TypeVar("_T")
+_Page = TypeVar(
+    "_Page", ListToolsResult, ListResourcesResult, ListResourceTemplatesResult, ListPromptsResult
+)
+_Answer = TypeVar("_Answer", ReadResourceResult, GetPromptResult)
 
 
 @dataclass(frozen=True)
@@ -111,6 +157,78 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+async def _all_pages(fetch: Callable[[str | None], Awaitable[_Page]]) -> list[_Page]:
+    """Every page of a listing, following `nextCursor`."""
+    pages: list[_Page] = []
+    cursor: str | None = None
+    while True:
+        page = await fetch(cursor)
+        pages.append(page)
+        cursor = page.next_cursor
+        if not cursor:
+            return pages
+
+
+# One listing of one upstream, all pages. The client's response cache is bypassed: the
+# gateway's own clients decide what they cache.
+
+
+async def _list_tools(client: Client) -> list[Tool]:
+    pages = await _all_pages(lambda c: client.list_tools(cursor=c, cache_mode="bypass"))
+    return [tool for page in pages for tool in page.tools]
+
+
+async def _list_resources(client: Client) -> list[Resource]:
+    pages = await _all_pages(lambda c: client.list_resources(cursor=c, cache_mode="bypass"))
+    return [resource for page in pages for resource in page.resources]
+
+
+async def _list_templates(client: Client) -> list[ResourceTemplate]:
+    pages = await _all_pages(
+        lambda c: client.list_resource_templates(cursor=c, cache_mode="bypass")
+    )
+    return [template for page in pages for template in page.resource_templates]
+
+
+async def _list_prompts(client: Client) -> list[Prompt]:
+    pages = await _all_pages(lambda c: client.list_prompts(cursor=c, cache_mode="bypass"))
+    return [prompt for page in pages for prompt in page.prompts]
+
+
+def _declares(capabilities: ServerCapabilities | None, capability: Capability) -> bool:
+    if capabilities is None:
+        return False
+    declared = capabilities.resources if capability == "resources" else capabilities.prompts
+    return declared is not None
+
+
+@functools.lru_cache(maxsize=256)
+def _template(uri_template: str) -> UriTemplate | None:
+    try:
+        return UriTemplate.parse(uri_template)
+    except InvalidUriTemplate:
+        return None  # it cannot route anything; the upstream still lists it
+
+
+def _matches(uri_template: str, uri: str) -> bool:
+    template = _template(uri_template)
+    return template is not None and template.match(uri) is not None
+
+
+def _unavailable(upstream: str, reason: str) -> MCPError:
+    """A read or a prompt whose upstream cannot be reached: a JSON-RPC error that names it."""
+    return MCPError(INTERNAL_ERROR, reason, {"upstream": upstream})
+
+
+def _unstamped(result: _Answer) -> _Answer:
+    """The upstream's answer without its `serverInfo` stamp: past the gateway, UndoLog answers."""
+    meta = result.meta
+    if not meta or SERVER_INFO_META_KEY not in meta:
+        return result
+    rest = {k: v for k, v in meta.items() if k != SERVER_INFO_META_KEY}
+    return result.model_copy(update={"meta": rest or None})
+
+
 async def _open_client(
     upstream: McpUpstream, stack: contextlib.AsyncExitStack, timeout_seconds: float
 ) -> Client:
@@ -147,6 +265,7 @@ class _Link:
         self.retry_seconds = retry_seconds
         self.client: Client | None = None
         self.error: str | None = None  # why the last connection failed, until one succeeds
+        self.capabilities: ServerCapabilities | None = None  # as of the last connection
         self._retry_at = 0.0  # `time.monotonic()` before which `connect(backoff=True)` refuses
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
@@ -191,6 +310,7 @@ class _Link:
             if self.error is not None:
                 _log.info("mcp_upstream_reconnected", upstream=self.upstream.name)
             self.error = None
+            self.capabilities = client.server_capabilities
             return client
 
     def unavailable(self) -> str:
@@ -239,6 +359,11 @@ class UpstreamPool:
         self.retry_seconds = RETRY_SECONDS if retry_seconds is None else retry_seconds
         self._links: dict[str, _Link] = {}
         self._tools: dict[str, GatewayTool] = {}
+        # What each upstream listed last, by upstream name: kept while it is down, for routing.
+        self._resources: dict[str, list[Resource]] = {}
+        self._templates: dict[str, list[ResourceTemplate]] = {}
+        self._prompts: dict[str, list[Prompt]] = {}
+        self._shadowed: set[tuple[str, str]] = set()  # (uri, upstream) already logged
 
     async def start(self) -> None:
         """Connect to every upstream and list its tools.
@@ -270,16 +395,10 @@ class UpstreamPool:
             upstream = self.upstreams[name]
             try:
                 client = await link.connect(backoff=True)
-                cursor: str | None = None
                 found: dict[str, GatewayTool] = {}
-                while True:
-                    page = await client.list_tools(cursor=cursor, cache_mode="bypass")
-                    for tool in page.tools:
-                        renamed = tool.model_copy(update={"name": upstream.prefixed(tool.name)})
-                        found[renamed.name] = GatewayTool(upstream, tool.name, renamed)
-                    cursor = page.next_cursor
-                    if not cursor:
-                        break
+                for tool in await _list_tools(client):
+                    renamed = tool.model_copy(update={"name": upstream.prefixed(tool.name)})
+                    found[renamed.name] = GatewayTool(upstream, tool.name, renamed)
             except Exception as exc:
                 if not isinstance(exc, ToolTransportError):  # connecting logs its own failure
                     _log.warning("mcp_upstream_unlisted", upstream=name, error=_describe(exc))
@@ -295,7 +414,7 @@ class UpstreamPool:
         return self._tools.get(name)
 
     def unavailable(self, name: str) -> str | None:
-        """Why a prefixed tool cannot be listed: its upstream is down. None if it is up."""
+        """Why a prefixed tool or prompt cannot be listed: its upstream is down. None if up."""
         split = self._split(name)
         link = self._links.get(split[0].name) if split is not None else None
         if link is None or link.connected or link.error is None:
@@ -340,6 +459,181 @@ class UpstreamPool:
             raise ToolTransportError(
                 f"upstream '{upstream.name}' failed on '{tool}': {exc!r}"
             ) from None
+
+    # -- resources and prompts: read-only, straight to the upstreams ---------------------------
+
+    def offered(self) -> set[Capability]:
+        """What the upstreams declared when they last connected, besides tools."""
+        caps = [link.capabilities for link in self._links.values()]
+        both: tuple[Capability, ...] = ("resources", "prompts")
+        return {capability for capability in both if any(_declares(c, capability) for c in caps)}
+
+    async def list_resources(self) -> list[Resource]:
+        """Every upstream's resources (all pages), URIs unchanged; the first lister of a URI wins.
+
+        An upstream that does not serve resources, or does not answer, is left out.
+        """
+        answered = await self._collect("resources", _list_resources, self._resources)
+        owners = self._owners(self._resources, lambda r: r.uri)
+        listed: dict[str, Resource] = {}
+        for name in answered:
+            for resource in self._resources[name]:
+                if owners[resource.uri] == name:
+                    listed.setdefault(resource.uri, resource)
+        return list(listed.values())
+
+    async def list_resource_templates(self) -> list[ResourceTemplate]:
+        """Every upstream's resource templates, as `list_resources` lists resources."""
+        answered = await self._collect("resources", _list_templates, self._templates)
+        owners = self._owners(self._templates, lambda t: t.uri_template)
+        listed: dict[str, ResourceTemplate] = {}
+        for name in answered:
+            for template in self._templates[name]:
+                if owners[template.uri_template] == name:
+                    listed.setdefault(template.uri_template, template)
+        return list(listed.values())
+
+    async def read_resource(self, uri: str) -> ReadResourceResult:
+        """Read `uri` from the upstream it belongs to (the rule is in the module docstring).
+
+        Raises:
+            MCPError: the upstream's own error; `-32603` naming an upstream that is down;
+                `-32602` for a URI that no upstream could read.
+        """
+        readers, known = self._readers(uri)
+        if not known:  # listed since the last listing, perhaps: list once more
+            await self.list_resources()
+            await self.list_resource_templates()
+            readers, known = self._readers(uri)
+        failures: list[tuple[str, MCPError]] = []
+        for name in readers:
+            try:
+                return await self._ask(name, lambda c: c.read_resource(uri, cache_mode="bypass"))
+            except MCPError as exc:
+                failures.append((name, exc))
+        if known and len(failures) == 1:
+            raise failures[0][1]
+        reasons = "; ".join(f"'{name}': {exc.message}" for name, exc in failures)
+        detail = f" (no upstream could read it: {reasons})" if reasons else ""
+        raise MCPError(INVALID_PARAMS, f"Unknown resource: {uri}{detail}", {"uri": uri})
+
+    async def list_prompts(self) -> list[Prompt]:
+        """Every upstream's prompts (all pages) under prefixed names, arguments unchanged."""
+        answered = await self._collect("prompts", _list_prompts, self._prompts)
+        return [
+            prompt.model_copy(update={"name": self.upstreams[name].prefixed(prompt.name)})
+            for name in answered
+            for prompt in self._prompts[name]
+        ]
+
+    async def get_prompt(self, name: str, arguments: dict[str, str] | None) -> GetPromptResult:
+        """Get a prefixed prompt from its upstream; its answer comes back unchanged.
+
+        Raises:
+            MCPError: the upstream's own error; `-32603` naming an upstream that is down;
+                `-32602` for a prompt no upstream listed.
+        """
+        if not self._knows_prompt(name):
+            await self.list_prompts()
+        split = self._split(name)
+        if split is None or not self._knows_prompt(name):
+            down = self.unavailable(name)
+            if split is not None and down is not None:
+                raise _unavailable(split[0].name, down)
+            raise MCPError(INVALID_PARAMS, f"Unknown prompt: {name}", {"name": name})
+        upstream, prompt = split
+        return await self._ask(upstream.name, lambda c: c.get_prompt(prompt, arguments))
+
+    async def _collect(
+        self,
+        capability: Capability,
+        fetch: Callable[[Client], Awaitable[list[_T]]],
+        memory: dict[str, list[_T]],
+    ) -> list[str]:
+        """Ask every upstream for one listing and remember each answer in `memory`.
+
+        Returns:
+            The upstreams that answered, in config order. One that does not declare the
+            capability, or answers method-not-found, answers with nothing.
+        """
+        answered: list[str] = []
+        for name, link in self._links.items():
+            try:
+                client = await link.connect(backoff=True)
+                items = await fetch(client) if _declares(link.capabilities, capability) else []
+            except MCPError as exc:
+                if exc.code != METHOD_NOT_FOUND:
+                    _log.warning("mcp_upstream_unlisted", upstream=name, error=_describe(exc))
+                    continue
+                items = []
+            except ToolTransportError:
+                continue  # connecting logs its own failure
+            except Exception as exc:
+                _log.warning("mcp_upstream_unlisted", upstream=name, error=_describe(exc))
+                continue
+            memory[name] = items
+            answered.append(name)
+        return answered
+
+    def _owners(self, memory: dict[str, list[_T]], key: Callable[[_T], str]) -> dict[str, str]:
+        """Each remembered URI (or template), and the first upstream in config order to list it."""
+        owners: dict[str, str] = {}
+        for name in self._links:
+            for item in memory.get(name, ()):
+                uri = key(item)
+                first = owners.setdefault(uri, name)
+                if first != name and (uri, name) not in self._shadowed:
+                    self._shadowed.add((uri, name))
+                    _log.warning("mcp_resource_shadowed", uri=uri, upstream=name, served_by=first)
+        return owners
+
+    def _readers(self, uri: str) -> tuple[list[str], bool]:
+        """The upstreams to ask for `uri` in order, and whether any of them listed it."""
+        owner = self._owners(self._resources, lambda r: r.uri).get(uri)
+        if owner is not None:
+            return [owner], True
+        matching = [
+            name
+            for name in self._links
+            if any(_matches(t.uri_template, uri) for t in self._templates.get(name, ()))
+        ]
+        if matching:
+            return matching, True
+        maybe = [
+            name
+            for name, link in self._links.items()
+            if link.capabilities is None or _declares(link.capabilities, "resources")
+        ]
+        return maybe, False
+
+    def _knows_prompt(self, name: str) -> bool:
+        split = self._split(name)
+        if split is None:
+            return False
+        upstream, prompt = split
+        return any(p.name == prompt for p in self._prompts.get(upstream.name, ()))
+
+    async def _ask(self, name: str, ask: Callable[[Client], Awaitable[_Answer]]) -> _Answer:
+        """One read-only request to an upstream.
+
+        Raises:
+            MCPError: the upstream's own error, as it was; `-32603` naming the upstream when it
+                cannot be reached.
+        """
+        link = self._links[name]
+        try:
+            client = await link.connect(backoff=True)
+        except ToolTransportError as exc:
+            raise _unavailable(name, str(exc)) from None
+        try:
+            return _unstamped(await ask(client))
+        except MCPError as exc:
+            if exc.code not in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
+                raise MCPError.from_error_data(exc.error) from None
+            reason = str(exc)
+        except Exception as exc:  # a timeout, a broken pipe, a closed stream
+            reason = _describe(exc)
+        raise _unavailable(name, f"MCP upstream '{name}' is unavailable ({reason})")
 
     # -- ToolExecutor's router protocol ---------------------------------------------------
 
