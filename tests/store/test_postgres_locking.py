@@ -13,10 +13,11 @@ from contextlib import AsyncExitStack
 
 import pytest
 
+from tests.store.test_contract import make_effect, make_undo
 from undolog.engine import Decision, Engine, Outcome
 from undolog.store import Store
 from undolog.store.postgres import PostgresStore, advisory_key
-from undolog_sdk.errors import AdvisoryLockTimeout, Database, InProgress
+from undolog_sdk.errors import AdvisoryLockTimeout, Database, InProgress, SessionClosed
 
 pytestmark = pytest.mark.postgres
 
@@ -246,3 +247,87 @@ async def test_resuming_after_an_event_id_never_skips_an_event_committed_later(
         resumed = await q.list_events(org_id, after_id=first_read[-1].event_id)
     seen = {e.payload_json for e in first_read + resumed}
     assert seen == {'{"w":"slow"}', '{"w":"fast"}'}
+
+
+# -- one round trip for a new call (migration 4) ----------------------------------------------
+
+REPLAY = (("committed",), "effect_replayed", '{"stage":"replayed"}')
+INTERCEPTED = ("effect_intercepted", '{"stage":"executing"}')
+
+
+async def test_execute_new_inserts_a_new_call_then_hands_back_its_row_or_replays_it(
+    open_pg: Callable[..., Awaitable[Store]], org_id: str
+) -> None:
+    store = await open_pg()
+    effect = make_effect(org_id)
+    assert await store.execute_new(effect, make_undo(effect), INTERCEPTED, REPLAY) == (
+        "inserted",
+        None,
+    )
+    async with store.reader() as q:
+        session = await q.get_session(org_id, effect.session_id)
+        undo = await q.list_undo_entries(org_id, effect.session_id)
+        assert await q.get_effect(org_id, effect.effect_id) == effect
+    assert session is not None
+    assert (session.state, session.last_step) == ("active", effect.step_index)
+    assert [u.effect_id for u in undo] == [effect.effect_id]
+
+    again = make_effect(org_id, session_id=effect.session_id, call_signature=effect.call_signature)
+    assert await store.execute_new(again, None, INTERCEPTED, REPLAY) == ("exists", effect)
+    async with store.transaction() as q:
+        await q.update_effect(org_id, effect.effect_id, state="committed", result='{"ok":1}')
+    outcome, row = await store.execute_new(again, None, INTERCEPTED, REPLAY)
+    assert outcome == "replayed"
+    assert row is not None and (row.effect_id, row.result_json) == (effect.effect_id, '{"ok":1}')
+    async with store.reader() as q:
+        events = await q.list_events(org_id, session_id=effect.session_id)
+    assert [e.type for e in events] == ["effect_intercepted", "effect_replayed"]
+
+
+async def test_execute_new_writes_nothing_while_the_signature_lock_is_held_elsewhere(
+    open_pg: Callable[..., Awaitable[Store]], org_id: str
+) -> None:
+    first, second = await open_pg(), await open_pg()
+    effect = make_effect(org_id)
+    held, release = asyncio.Event(), asyncio.Event()
+    holder = asyncio.create_task(hold_lock(first, effect.call_signature, held, release))
+    try:
+        await wait(held.wait())
+        assert await second.execute_new(effect, None, INTERCEPTED, REPLAY) == ("busy", None)
+    finally:
+        release.set()
+        await wait(holder)
+    async with second.reader() as q:
+        assert await q.get_effect(org_id, effect.effect_id) is None
+        assert await q.get_session(org_id, effect.session_id) is None
+
+
+async def test_execute_new_inserts_nothing_in_a_session_that_is_not_active(
+    open_pg: Callable[..., Awaitable[Store]], org_id: str
+) -> None:
+    store = await open_pg()
+    effect = make_effect(org_id)
+    async with store.transaction() as q:
+        await q.touch_session(org_id, effect.session_id, 0, effect.created_us)
+        await q.update_session(org_id, effect.session_id, effect.created_us, state="completed")
+    assert await store.execute_new(effect, None, INTERCEPTED, REPLAY) == ("closed", None)
+    async with store.reader() as q:
+        assert await q.get_effect(org_id, effect.effect_id) is None
+        assert await q.list_events(org_id, session_id=effect.session_id) == []
+
+
+async def test_a_call_in_a_closed_session_is_refused_on_the_full_path(
+    open_pg: Callable[..., Awaitable[Store]], org_id: str
+) -> None:
+    engine = Engine(await open_pg())
+    await engine.ensure_org(org_id)
+    await engine.register_tool(
+        org_id, "send_email", tier="compensable", compensation={"fn_name": "undo_send_email"}
+    )
+    session = str(uuid.uuid4())
+    await engine.intercept(org_id, session, "send_email", {}, step_index=1)
+    async with engine.store.transaction() as q:
+        await q.update_session(org_id, session, 0, state="completed")
+    with pytest.raises(SessionClosed) as caught:
+        await engine.intercept(org_id, session, "send_email", {}, step_index=2)
+    assert caught.value.code == "session_closed"

@@ -2,8 +2,10 @@
 
 Each public method is one short transaction. Intercept reads first without a lock (a replay of
 a committed call needs nothing more), then takes the signature's lock, decides with the pure
-`decide` table and writes the intent durably before anything runs. The engine knows nothing of
-HTTP: it raises the errors of `undolog_sdk.errors` and the proxy maps them to the wire.
+`decide` table and writes the intent durably before anything runs. Where the store can
+(PostgreSQL), the read, the lock and the write of the common new call are one round trip. The
+engine knows nothing of HTTP: it raises the errors of `undolog_sdk.errors` and the proxy maps
+them to the wire.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from undolog.engine.states import (
     REPLAYABLE_STATES,
     ApprovalStatus,
     EffectState,
+    SessionState,
     UndoState,
     check_effect_transition,
 )
@@ -76,6 +79,9 @@ _UNFINISHED_STATES = (
 # ...or it has a result that has not reached the client (`mark_delivered`).
 ANSWERED_STATES = (EffectState.COMMITTED.value,)
 
+
+# The states a call replays from, as the store takes them (`Store.execute_new`).
+_REPLAYABLE = tuple(sorted(state.value for state in REPLAYABLE_STATES))
 
 # Effect states whose approval the decision needs (its id, status and reason).
 _APPROVAL_STATES = frozenset(
@@ -270,8 +276,16 @@ class Engine:
 
         if step_index is not None:
             signature = call_signature(session_id, step_index, tool_name, args)
-            async with self.store.reader() as q:
-                seen = await q.get_effect_by_signature(org_id, signature)
+            fast = await self._execute_new(
+                org_id, session_id, tool, tier, args_json, step_index, signature, tool_version,
+                mode,
+            )  # fmt: skip
+            if isinstance(fast, Decision):
+                return fast
+            seen = fast
+            if seen is None:
+                async with self.store.reader() as q:
+                    seen = await q.get_effect_by_signature(org_id, signature)
             if seen is not None and seen.state in REPLAYABLE_STATES:
                 return await self._replay(seen, tool)
             if seen is not None:
@@ -306,6 +320,56 @@ class Engine:
         assert plan.decision is not None
         return plan.decision
 
+    async def _execute_new(
+        self,
+        org_id: str,
+        session_id: str,
+        tool: ToolRecord,
+        tier: ToolTier,
+        args_json: str,
+        step: int,
+        signature: str,
+        tool_version: str | None,
+        mode: str,
+    ) -> Decision | EffectRecord | None:
+        """A new call, or a replay, in one round trip where the store can (`execute_new`).
+
+        Asked only when the decision table says a new call of an active session executes:
+        the store inserts it only in exactly that situation. Returns the Execute or Replay
+        decision, or the effect that has the signature in another state, or None (lock busy,
+        session not active, or no such store): the full path decides.
+        """
+        if not self.store.executes_new_in_one_call:
+            return None
+        now = self._clock()
+        action = decide(
+            tier=tier,
+            existing=None,
+            session_state=SessionState.ACTIVE,
+            approval_status=None,
+            now_us=now,
+            idempotent_upstream=tool.idempotent_upstream,
+        )
+        if action is not Action.EXECUTE_NEW:
+            return None
+        effect = self._new_effect(
+            org_id, session_id, tool, args_json, step, signature, tool_version, mode, now,
+            executing=True,
+        )  # fmt: skip
+        replay_payload = self._replayed_payload(tool.name, step)
+        outcome, existing = await self.store.execute_new(
+            effect,
+            self._new_undo_entry(effect, tool),
+            ("effect_intercepted", self._intercepted_payload(effect)),
+            (_REPLAYABLE, "effect_replayed", replay_payload),
+        )
+        if outcome == "inserted":
+            return Decision(Outcome.EXECUTE, effect.effect_id, step, signature, tool)
+        if outcome == "replayed":
+            assert existing is not None
+            return self._replay_decision(existing, tool)
+        return existing
+
     def _in_progress(self, effect: EffectRecord, now: int) -> InProgress:
         remaining_s = math.ceil(((effect.lease_expires_us or now) - now) / 1_000_000)
         return InProgress(effect.effect_id, max(1, min(self.retry_after_seconds, remaining_s)))
@@ -317,15 +381,17 @@ class Engine:
                 "effect_replayed",
                 effect.session_id,
                 effect.effect_id,
-                event_json(
-                    {
-                        "stage": "replayed",
-                        "tool_name": effect.tool_name,
-                        "step_index": effect.step_index,
-                    }
-                ),
+                self._replayed_payload(effect.tool_name, effect.step_index),
                 self._clock(),
             )
+        return self._replay_decision(effect, tool)
+
+    @staticmethod
+    def _replayed_payload(tool_name: str, step: int) -> str:
+        return event_json({"stage": "replayed", "tool_name": tool_name, "step_index": step})
+
+    @staticmethod
+    def _replay_decision(effect: EffectRecord, tool: ToolRecord) -> Decision:
         return Decision(
             Outcome.REPLAY,
             effect.effect_id,
@@ -459,40 +525,15 @@ class Engine:
         now: int,
     ) -> _Plan | None:
         """Write a new effect (and its undo entry or approval); None if the signature exists."""
-        org_id, session_id = session.org_id, session.session_id
-        effect_id = str(uuid.uuid4())
         executing = action is Action.EXECUTE_NEW
-        registered = now
-        executed = max(self._clock(), registered + 1) if executing else None
-        effect = EffectRecord(
-            effect_id=effect_id,
-            org_id=org_id,
-            session_id=session_id,
-            step_index=step,
-            tool_name=tool.name,
-            tool_version=tool_version or tool.version,
-            tier=tool.tier,
-            call_signature=signature,
-            args_json=args_json,
-            state=EffectState.EXECUTING if executing else EffectState.AWAITING_APPROVAL,
-            mode=mode,
-            attempts=1,
-            result_json=None,
-            error=None,
-            lease_expires_us=(executed + self.lease_us) if executed else None,
-            executed_us=executed,
-            finished_us=None,
-            created_us=now,
-            updated_us=now,
-        )
+        effect = self._new_effect(
+            session.org_id, session.session_id, tool, args_json, step, signature, tool_version,
+            mode, now, executing=executing,
+        )  # fmt: skip
+        org_id, session_id, effect_id = effect.org_id, effect.session_id, effect.effect_id
         if executing:
-            undo = None
-            if tool.compensation_json is not None:
-                undo = self._undo_entry(effect, tool.compensation_json, registered)
-            payload = event_json(
-                {"stage": "executing", "tool_name": tool.name, "tier": tool.tier,
-                 "step_index": step, "attempt": 1, "mode": mode}
-            )  # fmt: skip
+            undo = self._new_undo_entry(effect, tool)
+            payload = self._intercepted_payload(effect)
             # The intent, its undo entry and its event, together (one statement on PostgreSQL).
             if not await q.insert_executing_effect(effect, undo, "effect_intercepted", payload):
                 return None
@@ -543,6 +584,57 @@ class Engine:
         )
         return _Plan(decision=decision)
 
+    def _new_effect(
+        self,
+        org_id: str,
+        session_id: str,
+        tool: ToolRecord,
+        args_json: str,
+        step: int,
+        signature: str,
+        tool_version: str | None,
+        mode: str,
+        now: int,
+        *,
+        executing: bool,
+    ) -> EffectRecord:
+        """A new effect: `executing` under a fresh lease, or awaiting approval."""
+        executed = max(self._clock(), now + 1) if executing else None
+        return EffectRecord(
+            effect_id=str(uuid.uuid4()),
+            org_id=org_id,
+            session_id=session_id,
+            step_index=step,
+            tool_name=tool.name,
+            tool_version=tool_version or tool.version,
+            tier=tool.tier,
+            call_signature=signature,
+            args_json=args_json,
+            state=EffectState.EXECUTING if executing else EffectState.AWAITING_APPROVAL,
+            mode=mode,
+            attempts=1,
+            result_json=None,
+            error=None,
+            lease_expires_us=(executed + self.lease_us) if executed else None,
+            executed_us=executed,
+            finished_us=None,
+            created_us=now,
+            updated_us=now,
+        )
+
+    def _new_undo_entry(self, effect: EffectRecord, tool: ToolRecord) -> UndoEntryRecord | None:
+        """The undo entry a new executing effect pushes (registered when it was created)."""
+        if tool.compensation_json is None:
+            return None
+        return self._undo_entry(effect, tool.compensation_json, effect.created_us)
+
+    @staticmethod
+    def _intercepted_payload(effect: EffectRecord) -> str:
+        return event_json(
+            {"stage": "executing", "tool_name": effect.tool_name, "tier": effect.tier,
+             "step_index": effect.step_index, "attempt": 1, "mode": effect.mode}
+        )  # fmt: skip
+
     def _undo_entry(
         self, effect: EffectRecord, compensation_json: str, registered_us: int
     ) -> UndoEntryRecord:
@@ -577,31 +669,11 @@ class Engine:
     ) -> _Plan:
         org_id, effect_id = effect.org_id, effect.effect_id
         if action is Action.REPLAY:
+            payload = self._replayed_payload(effect.tool_name, effect.step_index)
             await q.insert_event(
-                org_id,
-                "effect_replayed",
-                effect.session_id,
-                effect_id,
-                event_json(
-                    {
-                        "stage": "replayed",
-                        "tool_name": effect.tool_name,
-                        "step_index": effect.step_index,
-                    }
-                ),
-                now,
+                org_id, "effect_replayed", effect.session_id, effect_id, payload, now
             )
-            return _Plan(
-                decision=Decision(
-                    Outcome.REPLAY,
-                    effect_id,
-                    effect.step_index,
-                    effect.call_signature,
-                    tool,
-                    attempt=effect.attempts,
-                    result_json=effect.result_json,
-                )
-            )
+            return _Plan(decision=self._replay_decision(effect, tool))
         if action is Action.AWAITING:
             assert approval is not None
             return _Plan(

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from importlib import resources
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import orjson
 
@@ -28,7 +28,11 @@ from undolog.store.records import (
     UndoEntryRecord,
 )
 
-__all__ = ["EFFECT_COLUMNS", "Queries", "Store", "load_migrations"]
+__all__ = ["EFFECT_COLUMNS", "ExecuteNew", "Queries", "Store", "load_migrations"]
+
+# What `Store.execute_new` did: wrote the new call, or replayed it, or found its signature
+# taken, its lock busy or its session not active (the engine takes its full path).
+ExecuteNew = Literal["inserted", "replayed", "exists", "busy", "closed"]
 
 EFFECT_COLUMNS = (
     "effect_id, org_id, session_id, step_index, tool_name, tool_version, tier, call_signature, "
@@ -679,6 +683,27 @@ class Store(abc.ABC):
     """A database behind the `Queries` above. Open one with `undolog.store.open_store`."""
 
     dialect: ClassVar[str]
+    # Whether `execute_new` can intercept a new call in one round trip.
+    executes_new_in_one_call: ClassVar[bool] = False
+
+    async def execute_new(
+        self,
+        effect: EffectRecord,
+        undo: UndoEntryRecord | None,
+        event: tuple[str, str],
+        replay: tuple[Collection[str], str, str],
+    ) -> tuple[ExecuteNew, EffectRecord | None]:
+        """Intercept a new call in one round trip, where `executes_new_in_one_call`.
+
+        If an effect has the signature: "replayed" when it is in one of `replay`'s states
+        (and `replay`'s event, a type and a payload, is written), else "exists"; both return
+        that effect. Otherwise, under the signature's lock (not waited for: "busy"), and only
+        if the session, touched as `touch_session` does, is active ("closed"), insert
+        `effect` with its undo entry and `event` ("inserted"). The engine decides when to
+        ask; "exists", "busy" and "closed" send it down its full path, which holds the whole
+        decision table.
+        """
+        raise NotImplementedError(f"{self.dialect} has no one-call execute_new")
 
     def on_events(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback` after each commit that wrote events; returns a remover."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import lru_cache
 from typing import Any
@@ -19,7 +19,7 @@ from typing import Any
 import asyncpg
 import orjson
 
-from undolog.store.base import EFFECT_COLUMNS, Queries, Store, load_migrations
+from undolog.store.base import EFFECT_COLUMNS, ExecuteNew, Queries, Store, load_migrations
 from undolog.store.records import EffectRecord, UndoEntryRecord
 from undolog_sdk.errors import AdvisoryLockTimeout, Database
 
@@ -143,6 +143,33 @@ class _PostgresQueries(Queries):
         )
         return bool(row and row[0])
 
+    async def execute_new(
+        self,
+        effect: EffectRecord,
+        undo: UndoEntryRecord | None,
+        event: tuple[str, str],
+        replay: tuple[Collection[str], str, str],
+    ) -> tuple[ExecuteNew, EffectRecord | None]:
+        """`PostgresStore.execute_new`: one call of `undolog_execute_new` (migration 4)."""
+        e, u = effect, undo
+        replay_states, replay_type, replay_payload = replay
+        row = await self._conn.fetchrow(
+            "SELECT * FROM undolog_execute_new($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, "
+            "$12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, "
+            "$28, $29, $30)",
+            advisory_key(e.call_signature), e.effect_id, e.org_id, e.session_id, e.step_index,
+            e.tool_name, e.tool_version, e.tier, e.call_signature, e.args_json, e.state, e.mode,
+            e.attempts, e.lease_expires_us, e.executed_us, e.created_us, *event,
+            u and u.entry_id, u and u.fn_name, u and u.fn_version, u and u.args_json,
+            u and u.max_retries, u and u.retry_backoff_ms, u and u.registered_us,
+            u and u.state, u and u.runner, list(replay_states), replay_type, replay_payload,
+        )  # fmt: skip
+        assert row is not None
+        outcome: ExecuteNew = row[0]
+        self.events_written = outcome in ("inserted", "replayed")
+        found = outcome in ("replayed", "exists")
+        return outcome, EffectRecord(*row[1:]) if found else None
+
     async def _fetchrow(self, sql: str, *args: Any) -> Sequence[Any] | None:
         row = await self._conn.fetchrow(_dollar(sql), *args)
         return tuple(row) if row is not None else None
@@ -159,6 +186,7 @@ class _PostgresQueries(Queries):
 
 class PostgresStore(Store):
     dialect = "postgres"
+    executes_new_in_one_call = True
 
     def __init__(
         self,
@@ -237,6 +265,19 @@ class PostgresStore(Store):
         except _DRIVER_ERRORS as exc:
             raise Database(str(exc)) from exc
         self._committed(q)
+
+    async def execute_new(
+        self,
+        effect: EffectRecord,
+        undo: UndoEntryRecord | None,
+        event: tuple[str, str],
+        replay: tuple[Collection[str], str, str],
+    ) -> tuple[ExecuteNew, EffectRecord | None]:
+        # In autocommit: the call is its own transaction, so the advisory lock it takes is
+        # released when it returns.
+        async with self.reader() as q:
+            assert isinstance(q, _PostgresQueries)
+            return await q.execute_new(effect, undo, event, replay)
 
     async def listen(self, channel: str, callback: Callable[[], None]) -> Callable[[], Any]:
         """LISTEN on a dedicated connection; `callback` runs on every notification."""
