@@ -1,4 +1,4 @@
-"""The engine: intercept, commit, fail and resolve over a store, plus the tool registry.
+"""The engine: intercept, commit, fail and resolve over a store (orgs and tools: `registry`).
 
 Each public method is one short transaction. Intercept reads first without a lock (a replay of
 a committed call needs nothing more), then takes the signature's lock, decides with the pure
@@ -27,6 +27,7 @@ from undolog.engine.model import (
     now_us,
     session_lock_key,
 )
+from undolog.engine.registry import DEFAULT_APPROVAL_TIMEOUT_S, Registry
 from undolog.engine.states import (
     REPLAYABLE_STATES,
     ApprovalStatus,
@@ -39,7 +40,6 @@ from undolog.store.base import Queries, Store
 from undolog.store.records import (
     ApprovalRecord,
     EffectRecord,
-    OrgRecord,
     SessionRecord,
     ToolRecord,
     UndoEntryRecord,
@@ -55,7 +55,6 @@ from undolog_sdk.errors import (
     NotExecuting,
     NotFound,
     SessionClosed,
-    ToolNotRegistered,
 )
 from undolog_sdk.signature import call_signature, canonical_json
 from undolog_sdk.tier import CompensationDescriptor, ToolTier
@@ -63,7 +62,6 @@ from undolog_sdk.tier import CompensationDescriptor, ToolTier
 __all__ = ["Engine"]
 
 MODES = ("proxy", "sdk")
-DEFAULT_APPROVAL_TIMEOUT_S = 3600
 # A step-less call identical to an earlier one of the session is a retry of it while the client
 # has not had that call's result: the call has not finished, it failed without a result (a
 # retry runs it again on the same effect, with the same idempotency key), or it was refused
@@ -97,7 +95,7 @@ class _Plan:
     error: Exception | None = None
 
 
-class Engine:
+class Engine(Registry):
     """Exactly-once interception of tool calls over a `Store`.
 
     Args:
@@ -118,121 +116,9 @@ class Engine:
         tool_cache_seconds: float = 2.0,
         clock_us: Callable[[], int] = now_us,
     ) -> None:
-        self.store = store
+        super().__init__(store, tool_cache_seconds=tool_cache_seconds, clock_us=clock_us)
         self.lease_us = int(lease_seconds * 1_000_000)
         self.retry_after_seconds = max(1, retry_after_seconds)
-        self._tool_cache_us = int(tool_cache_seconds * 1_000_000)
-        self._tools: dict[tuple[str, str], tuple[int, ToolRecord]] = {}
-        self._orgs: dict[str, tuple[int, OrgRecord | None]] = {}
-        self._clock = clock_us
-
-    # -- orgs and keys ---------------------------------------------------------------------
-
-    async def ensure_org(
-        self,
-        org_id: str,
-        *,
-        name: str | None = None,
-        approval_timeout_s: int = DEFAULT_APPROVAL_TIMEOUT_S,
-        auto_approve_on_timeout: bool = False,
-        api_key_hashes: tuple[str, ...] = (),
-    ) -> None:
-        """Create or update an org and add API keys (given as SHA-256 hex) to it."""
-        now = self._clock()
-        async with self.store.transaction() as q:
-            await q.upsert_org(
-                org_id, name or org_id, approval_timeout_s, auto_approve_on_timeout, now
-            )
-            for key_hash in api_key_hashes:
-                await q.add_api_key(key_hash, org_id, None, now)
-        self._orgs.pop(org_id, None)
-
-    async def org_for_key_hash(self, key_hash: str) -> str | None:
-        async with self.store.reader() as q:
-            return await q.org_for_key_hash(key_hash)
-
-    async def _org(self, q: Queries, org_id: str) -> OrgRecord | None:
-        """The org (cached briefly), read through `q`: the caller's own transaction.
-
-        Reading through a second connection while a transaction holds one would deadlock a
-        pool of one (or a pool exhausted by transactions that all wait for this read).
-        """
-        now = self._clock()
-        cached = self._orgs.get(org_id)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        org = await q.get_org(org_id)
-        self._orgs[org_id] = (now + self._tool_cache_us, org)
-        return org
-
-    # -- tool registry -----------------------------------------------------------------------
-
-    async def register_tool(
-        self,
-        org_id: str,
-        name: str,
-        *,
-        tier: str,
-        version: str = "1.0.0",
-        compensation: dict[str, Any] | None = None,
-        idempotent_upstream: bool = False,
-        upstream_url: str | None = None,
-    ) -> ToolRecord:
-        """Register (or replace) a tool for an org.
-
-        Raises:
-            InvalidRequest: an unknown tier, a COMPENSABLE tool without a compensation, or a
-                malformed compensation.
-        """
-        if not name or len(name) > 200:
-            raise InvalidRequest("tool name must be 1 to 200 characters")
-        try:
-            tool_tier = ToolTier(tier)
-        except ValueError:
-            raise InvalidRequest(
-                f"unknown tier {tier!r}: expected one of safe, compensable, irreversible"
-            ) from None
-        compensation_json = None
-        if tool_tier.is_compensable:
-            if compensation is None:
-                raise InvalidRequest(f"COMPENSABLE tool '{name}' needs a compensation")
-            try:
-                descriptor = CompensationDescriptor.from_dict(compensation)
-                compensation_json = canonical_json(descriptor.to_dict())
-            except ValueError as exc:
-                raise InvalidRequest(f"invalid compensation: {exc}") from None
-        record = ToolRecord(
-            org_id=org_id,
-            name=name,
-            tier=tool_tier.value,
-            version=version,
-            compensation_json=compensation_json,
-            idempotent_upstream=idempotent_upstream,
-            upstream_url=upstream_url,
-            updated_us=self._clock(),
-        )
-        async with self.store.transaction() as q:
-            await q.upsert_tool(record)
-        self._tools[(org_id, name)] = (record.updated_us + self._tool_cache_us, record)
-        return record
-
-    async def get_tool(self, org_id: str, name: str) -> ToolRecord:
-        """The registered tool (cached briefly per process). Raises `ToolNotRegistered`."""
-        now = self._clock()
-        cached = self._tools.get((org_id, name))
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        async with self.store.reader() as q:
-            record = await q.get_tool(org_id, name)
-        if record is None:
-            self._tools.pop((org_id, name), None)
-            raise ToolNotRegistered(name, org_id)
-        self._tools[(org_id, name)] = (now + self._tool_cache_us, record)
-        return record
-
-    async def list_tools(self, org_id: str) -> list[ToolRecord]:
-        async with self.store.reader() as q:
-            return await q.list_tools(org_id)
 
     # -- intercept ---------------------------------------------------------------------------
 

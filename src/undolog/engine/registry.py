@@ -1,0 +1,147 @@
+"""Orgs, their API keys and their registered tools: what every intercept reads first.
+
+Both are cached briefly per process (`tool_cache_seconds`), so the hot path reads the store
+for them at most once per interval; a change made through this process is seen at once, one
+made through another process within the interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from undolog.engine.model import now_us
+from undolog.store.base import Queries, Store
+from undolog.store.records import OrgRecord, ToolRecord
+from undolog_sdk.errors import InvalidRequest, ToolNotRegistered
+from undolog_sdk.signature import canonical_json
+from undolog_sdk.tier import CompensationDescriptor, ToolTier
+
+__all__ = ["DEFAULT_APPROVAL_TIMEOUT_S", "Registry"]
+
+DEFAULT_APPROVAL_TIMEOUT_S = 3600
+
+
+class Registry:
+    """The org and tool registry over a `Store`; the `Engine` is one."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        tool_cache_seconds: float = 2.0,
+        clock_us: Callable[[], int] = now_us,
+    ) -> None:
+        self.store = store
+        self._tool_cache_us = int(tool_cache_seconds * 1_000_000)
+        self._tools: dict[tuple[str, str], tuple[int, ToolRecord]] = {}
+        self._orgs: dict[str, tuple[int, OrgRecord | None]] = {}
+        self._clock = clock_us
+
+    # -- orgs and keys ---------------------------------------------------------------------
+
+    async def ensure_org(
+        self,
+        org_id: str,
+        *,
+        name: str | None = None,
+        approval_timeout_s: int = DEFAULT_APPROVAL_TIMEOUT_S,
+        auto_approve_on_timeout: bool = False,
+        api_key_hashes: tuple[str, ...] = (),
+    ) -> None:
+        """Create or update an org and add API keys (given as SHA-256 hex) to it."""
+        now = self._clock()
+        async with self.store.transaction() as q:
+            await q.upsert_org(
+                org_id, name or org_id, approval_timeout_s, auto_approve_on_timeout, now
+            )
+            for key_hash in api_key_hashes:
+                await q.add_api_key(key_hash, org_id, None, now)
+        self._orgs.pop(org_id, None)
+
+    async def org_for_key_hash(self, key_hash: str) -> str | None:
+        async with self.store.reader() as q:
+            return await q.org_for_key_hash(key_hash)
+
+    async def _org(self, q: Queries, org_id: str) -> OrgRecord | None:
+        """The org (cached briefly), read through `q`: the caller's own transaction.
+
+        Reading through a second connection while a transaction holds one would deadlock a
+        pool of one (or a pool exhausted by transactions that all wait for this read).
+        """
+        now = self._clock()
+        cached = self._orgs.get(org_id)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        org = await q.get_org(org_id)
+        self._orgs[org_id] = (now + self._tool_cache_us, org)
+        return org
+
+    # -- tool registry -----------------------------------------------------------------------
+
+    async def register_tool(
+        self,
+        org_id: str,
+        name: str,
+        *,
+        tier: str,
+        version: str = "1.0.0",
+        compensation: dict[str, Any] | None = None,
+        idempotent_upstream: bool = False,
+        upstream_url: str | None = None,
+    ) -> ToolRecord:
+        """Register (or replace) a tool for an org.
+
+        Raises:
+            InvalidRequest: an unknown tier, a COMPENSABLE tool without a compensation, or a
+                malformed compensation.
+        """
+        if not name or len(name) > 200:
+            raise InvalidRequest("tool name must be 1 to 200 characters")
+        try:
+            tool_tier = ToolTier(tier)
+        except ValueError:
+            raise InvalidRequest(
+                f"unknown tier {tier!r}: expected one of safe, compensable, irreversible"
+            ) from None
+        compensation_json = None
+        if tool_tier.is_compensable:
+            if compensation is None:
+                raise InvalidRequest(f"COMPENSABLE tool '{name}' needs a compensation")
+            try:
+                descriptor = CompensationDescriptor.from_dict(compensation)
+                compensation_json = canonical_json(descriptor.to_dict())
+            except ValueError as exc:
+                raise InvalidRequest(f"invalid compensation: {exc}") from None
+        record = ToolRecord(
+            org_id=org_id,
+            name=name,
+            tier=tool_tier.value,
+            version=version,
+            compensation_json=compensation_json,
+            idempotent_upstream=idempotent_upstream,
+            upstream_url=upstream_url,
+            updated_us=self._clock(),
+        )
+        async with self.store.transaction() as q:
+            await q.upsert_tool(record)
+        self._tools[(org_id, name)] = (record.updated_us + self._tool_cache_us, record)
+        return record
+
+    async def get_tool(self, org_id: str, name: str) -> ToolRecord:
+        """The registered tool (cached briefly per process). Raises `ToolNotRegistered`."""
+        now = self._clock()
+        cached = self._tools.get((org_id, name))
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        async with self.store.reader() as q:
+            record = await q.get_tool(org_id, name)
+        if record is None:
+            self._tools.pop((org_id, name), None)
+            raise ToolNotRegistered(name, org_id)
+        self._tools[(org_id, name)] = (now + self._tool_cache_us, record)
+        return record
+
+    async def list_tools(self, org_id: str) -> list[ToolRecord]:
+        async with self.store.reader() as q:
+            return await q.list_tools(org_id)
