@@ -32,15 +32,16 @@ class _SqliteQueries(Queries):
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self._conn = conn
 
+    # One trip to aiosqlite's thread per query (`execute_fetchall`), not three (execute, fetch,
+    # close): each trip is a thread hand-off, and a new call makes about a dozen queries. Reading
+    # to the end also finishes the statement, which an open one would keep the database locked.
+
     async def _fetchrow(self, sql: str, *args: Any) -> Sequence[Any] | None:
-        async with self._conn.execute(sql, args) as cursor:
-            row = await cursor.fetchone()
-        return tuple(row) if row is not None else None
+        rows = list(await self._conn.execute_fetchall(sql, args))
+        return tuple(rows[0]) if rows else None
 
     async def _fetch(self, sql: str, *args: Any) -> list[Sequence[Any]]:
-        async with self._conn.execute(sql, args) as cursor:
-            rows = await cursor.fetchall()
-        return [tuple(r) for r in rows]
+        return [tuple(r) for r in await self._conn.execute_fetchall(sql, args)]
 
     async def _execute(self, sql: str, *args: Any) -> int:
         async with self._conn.execute(sql, args) as cursor:
