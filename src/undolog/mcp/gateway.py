@@ -436,12 +436,7 @@ class McpGateway:
         if not value:
             meta = ctx.meta or {}
             value = meta.get(SESSION_META_KEY) if isinstance(meta, dict) else None
-        if not isinstance(value, str) or not value:
-            return None
-        try:
-            return str(uuid.UUID(value))  # one spelling, as the engine keeps it
-        except ValueError:
-            return value  # the engine refuses it, with the reason
+        return value if isinstance(value, str) and value else None
 
     async def _register(self, runtime: Runtime, org_id: str, tool: GatewayTool) -> None:
         """Register the tool for the org with its current tier (once per process and policy)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from dataclasses import dataclass, field
 
 import structlog
@@ -90,6 +91,14 @@ class Delivery:
     effect_id: str
 
 
+def _one_spelling(session_id: str) -> str:
+    """A session id as the engine keeps it (a UUID's canonical form), whatever its case."""
+    try:
+        return str(uuid.UUID(session_id))
+    except (ValueError, TypeError, AttributeError):
+        return session_id  # the engine refuses it, with the reason
+
+
 class Deliveries:
     """Marks delivered answers; holds back calls of a session while a mark is on its way."""
 
@@ -99,7 +108,7 @@ class Deliveries:
 
     async def settle(self, org_id: str, session_id: str) -> None:
         """Wait until the answers this process is sending on the session are marked."""
-        pending = self._pending.get((org_id, session_id))
+        pending = self._pending.get((org_id, _one_spelling(session_id)))
         if pending is None:
             return
         with contextlib.suppress(TimeoutError):
@@ -107,6 +116,7 @@ class Deliveries:
 
     def begin(self, org_id: str, session_id: str, effect_id: str) -> Delivery:
         """Called before the answer goes out; `finish` must follow."""
+        session_id = _one_spelling(session_id)
         pending = self._pending.setdefault((org_id, session_id), _Pending())
         pending.count += 1
         return Delivery(org_id, session_id, effect_id)

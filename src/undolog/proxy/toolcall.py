@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -131,7 +130,7 @@ async def tool_call(request: Request) -> Response:
         return response
     # A step-less call the proxy runs: its answer is watched, so that the engine can tell a
     # retry (the answer was lost) from a repeat (see `undolog.proxy.delivery`).
-    session_id = _one_spelling(data["session_id"])
+    session_id: str = data["session_id"]
     watch = AnswerWatch(request.receive)
     try:
         await runtime.deliveries.settle(org_id, session_id)
@@ -143,13 +142,6 @@ async def tool_call(request: Request) -> Response:
     if answered is not None and answered.logged:
         answers.append(runtime.deliveries.begin(org_id, session_id, answered.effect_id))
     return WatchedResponse(response, watch, runtime.deliveries, answers)
-
-
-def _one_spelling(session_id: str) -> str:
-    try:
-        return str(uuid.UUID(session_id))
-    except (ValueError, TypeError, AttributeError):
-        return session_id  # intercept refuses it, with the reason
 
 
 async def _answer(
