@@ -7,14 +7,13 @@ flags win over env vars, which win over the TOML file named by `--config`.
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import Coroutine
 from typing import Any
 
 import typer
 import uvicorn
 
-from undolog.config import DEFAULT_HOST, Settings, hash_api_key, load_settings
+from undolog.config import DEFAULT_HOST, Settings, load_settings
 
 app = typer.Typer(add_completion=False, help="UndoLog: exactly-once, undoable, gated tool calls.")
 
@@ -113,26 +112,35 @@ async def _serve(settings: Settings, *, demo: bool, demo_tools_port: int) -> Non
 
 
 async def _seed_demo(settings: Settings) -> None:
-    """Create the demo org with a fresh API key and the demo tools; print how to use them."""
+    """Create the demo org and tools, revoke the previous demo keys and make two new ones:
+    an agent key (for the agent's calls) and an approver key (for the dashboard and
+    approvals); print how to use them."""
     from undolog.demo.catalog import DEMO_TOOLS
     from undolog.engine import Engine
+    from undolog.engine.keys import Keys, KeySource
     from undolog.store import open_store
 
-    key = "ul_demo_" + secrets.token_urlsafe(24)
     store = await open_store(settings.database_url)
     try:
         await store.migrate()
         engine = Engine(store)
-        await engine.ensure_org(DEMO_ORG, name="Demo", api_key_hashes=(hash_api_key(key),))
+        await engine.ensure_org(DEMO_ORG, name="Demo")
         for name, spec in DEMO_TOOLS.items():
             await engine.register_tool(DEMO_ORG, name, **spec)
+        keys = Keys(store)
+        await keys.revoke_source(KeySource.DEMO, DEMO_ORG)
+        agent, _ = await keys.create(DEMO_ORG, "demo-agent", "agent", KeySource.DEMO)
+        approver, _ = await keys.create(DEMO_ORG, "demo-approver", "approver", KeySource.DEMO)
     finally:
         await store.close()
     base = f"http://{settings.host}:{settings.port}"
     typer.echo(
         f"UndoLog demo\n  proxy:     {base}\n  dashboard: {base}/ui\n"
-        f"  org:       {DEMO_ORG}\n  API key:   {key}\n"
-        f"  try:       curl -s {base}/mcp/tool_call -H 'X-Api-Key: {key}' "
+        f"  org:       {DEMO_ORG}\n"
+        f"  agent key:    {agent}   (tool calls: give it to the agent)\n"
+        f"  approver key: {approver}   (sign in to the dashboard, approve or reject)\n"
+        "  (the previous demo keys no longer work)\n"
+        f"  try:       curl -s {base}/mcp/tool_call -H 'X-Api-Key: {agent}' "
         "-H 'Content-Type: application/json' -d '{\"session_id\": "
         '"7f9c2a4e-1b7d-4c8e-9a51-0d3f6b2e8c10", "tool_name": "send_email", '
         '"step_index": 1, "args": {"to": "ada@example.com", "subject": "hi"}}\''
@@ -185,8 +193,10 @@ def demo(
 
 
 def _add_operator_commands() -> None:
+    from undolog.cli_keys import keys_app
     from undolog.cli_ops import approvals_app, sessions_app, undo_app
 
+    app.add_typer(keys_app, name="keys")
     app.add_typer(approvals_app, name="approvals")
     app.add_typer(sessions_app, name="sessions")
     app.add_typer(undo_app, name="undo")

@@ -20,6 +20,7 @@ from undolog.mcp.config import McpSettings, parse_mcp_settings
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
+    "KeyConfig",
     "OrgConfig",
     "Settings",
     "ToolConfig",
@@ -49,15 +50,27 @@ def hash_api_key(key: str) -> str:
 
 
 @dataclass(frozen=True)
+class KeyConfig:
+    """A named key of an org (`[[orgs.keys]]`): its SHA-256, its name and its role."""
+
+    name: str
+    role: str  # agent | approver | admin
+    key_hash: str
+
+
+@dataclass(frozen=True)
 class OrgConfig:
     """An org declared in the config file.
 
-    `api_key_hashes` holds SHA-256 hex digests; plain `api_keys` in the file are hashed on load.
+    `api_key_hashes` holds SHA-256 hex digests of the legacy unnamed keys (`api_keys`,
+    `api_key_sha256`: role `agent`, generated names); `keys` the named ones. Plain keys in
+    the file are hashed on load.
     """
 
     org_id: str
     name: str = ""
     api_key_hashes: tuple[str, ...] = ()
+    keys: tuple[KeyConfig, ...] = ()
     approval_timeout_seconds: int = DEFAULT_APPROVAL_TIMEOUT_SECONDS
     auto_approve_on_timeout: bool = False
 
@@ -111,6 +124,7 @@ _ORG_KEYS = frozenset(
         "name",
         "api_keys",
         "api_key_sha256",
+        "keys",
         "approval_timeout_seconds",
         "auto_approve_on_timeout",
     }
@@ -118,6 +132,8 @@ _ORG_KEYS = frozenset(
 _TOOL_KEYS = frozenset(
     {"org", "name", "tier", "version", "compensation", "idempotent_upstream", "upstream_url"}
 )
+_KEY_KEYS = frozenset({"name", "role", "key", "sha256"})
+_ROLES = ("agent", "approver", "admin")
 _TIERS = ("safe", "compensable", "irreversible")
 _DATABASE_SCHEMES = ("sqlite", "postgres", "postgresql")
 _SHA256_HEX = frozenset("0123456789abcdef")
@@ -166,6 +182,32 @@ def _key_list(where: str, value: Any) -> list[str]:
     return value
 
 
+def _sha256_list(where: str, hashes: list[str]) -> list[str]:
+    lowered = [h.lower() for h in hashes]
+    if any(len(h) != 64 or not set(h) <= _SHA256_HEX for h in lowered):
+        raise ValueError(f"{where}: expected 64 hex digits per key")
+    return lowered
+
+
+def _named_keys(where: str, item: Mapping[str, Any]) -> tuple[KeyConfig, ...]:
+    """`[[orgs.keys]]`: `name`, `role` and either `key` (hashed here) or `sha256`."""
+    keys = []
+    for n, entry in enumerate(_tables(item, "keys")):
+        at = f"{where}.keys[{n}]"
+        _checked(at, entry, _KEY_KEYS, "name", "role")
+        if entry["role"] not in _ROLES:
+            raise ValueError(f"{at}.role: expected one of {', '.join(_ROLES)}")
+        plain, digest = entry.get("key"), entry.get("sha256")
+        if (plain is None) == (digest is None):
+            raise ValueError(f"{at}: give exactly one of key or sha256")
+        if plain is not None:
+            key_hash = hash_api_key(_key_list(f"{at}.key", [plain])[0])
+        else:
+            key_hash = _sha256_list(f"{at}.sha256", _key_list(f"{at}.sha256", [digest]))[0]
+        keys.append(KeyConfig(name=entry["name"], role=entry["role"], key_hash=key_hash))
+    return tuple(keys)
+
+
 def _orgs_from_toml(data: Mapping[str, Any]) -> tuple[OrgConfig, ...]:
     orgs = []
     for n, item in enumerate(_tables(data, "orgs")):
@@ -173,9 +215,7 @@ def _orgs_from_toml(data: Mapping[str, Any]) -> tuple[OrgConfig, ...]:
         _checked(where, item, _ORG_KEYS, "id")
         sha256 = _key_list(f"{where}.api_key_sha256", item.get("api_key_sha256", []))
         plain = _key_list(f"{where}.api_keys", item.get("api_keys", []))
-        hashes = [h.lower() for h in sha256]
-        if any(len(h) != 64 or not set(h) <= _SHA256_HEX for h in hashes):
-            raise ValueError(f"{where}.api_key_sha256: expected 64 hex digits per key")
+        hashes = _sha256_list(f"{where}.api_key_sha256", sha256)
         hashes += [hash_api_key(k) for k in plain]  # the plain keys are not kept
         timeout = item.get("approval_timeout_seconds", DEFAULT_APPROVAL_TIMEOUT_SECONDS)
         orgs.append(
@@ -183,6 +223,7 @@ def _orgs_from_toml(data: Mapping[str, Any]) -> tuple[OrgConfig, ...]:
                 org_id=item["id"],
                 name=str(item.get("name", item["id"])),
                 api_key_hashes=tuple(hashes),
+                keys=_named_keys(where, item),
                 approval_timeout_seconds=_typed(f"{where}.approval_timeout_seconds", timeout, int),
                 auto_approve_on_timeout=_typed(
                     f"{where}.auto_approve_on_timeout",
@@ -191,6 +232,12 @@ def _orgs_from_toml(data: Mapping[str, Any]) -> tuple[OrgConfig, ...]:
                 ),
             )
         )
+    seen: set[str] = set()
+    for org in orgs:
+        for key_hash in (*org.api_key_hashes, *(k.key_hash for k in org.keys)):
+            if key_hash in seen:  # one key, one org and one role: never two
+                raise ValueError(f"orgs: key {key_hash[:8]}... is listed more than once")
+            seen.add(key_hash)
     return tuple(orgs)
 
 

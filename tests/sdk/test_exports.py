@@ -49,6 +49,7 @@ EXPORTS: dict[str, list[str]] = {
         "DuplicateSignature",
         "EffectInDoubt",
         "EmptyUndoStack",
+        "Forbidden",
         "InProgress",
         "InterceptFailed",
         "Internal",

@@ -79,6 +79,15 @@ _RESERVED_FIELDS = frozenset(
 )  # fmt: skip
 
 
+def _code_of(response: httpx.Response) -> str | None:
+    """The `code` of an error answer, if it has one."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return str(body.get("code")) if isinstance(body, dict) else None
+
+
 def _raise_for_error(response: httpx.Response) -> None:
     """Turn a proxy error answer into a typed `ProxyError`."""
     try:
@@ -209,7 +218,12 @@ class UndoLogClient:
         tier: str,
         compensation: dict[str, Any] | None = None,
     ) -> None:
-        """Register a tool (`PUT /tools/{name}`); done once per client by `@undolog_tool`."""
+        """Register a tool (`PUT /tools/{name}`); done once per client by `@undolog_tool`.
+
+        An `agent` key may not register tools (`forbidden`): then the tool must already be
+        registered (by an admin or the config), whose registration is what applies — this
+        checks it is there and raises the `forbidden` error if it is not.
+        """
         if (org_id, tool_name) in self._registered:
             return
         body: dict[str, Any] = {"tier": tier}
@@ -218,7 +232,12 @@ class UndoLogClient:
         response = await self._http.put(
             f"/tools/{tool_name}", json=body, headers=self._headers(org_id)
         )
-        if response.status_code >= 400:
+        if response.status_code == 403 and _code_of(response) == _errors.Forbidden.code:
+            listed = await self._http.get("/tools", headers=self._headers(org_id))
+            names = {t.get("name") for t in listed.json()} if listed.status_code == 200 else set()
+            if tool_name not in names:
+                _raise_for_error(response)
+        elif response.status_code >= 400:
             _raise_for_error(response)
         self._registered.add((org_id, tool_name))
 

@@ -22,7 +22,8 @@ group is what the proxy's REST API adds.
      │
      ├── InvalidRequest                 400 invalid_request
      ├── AuthFailed                     403 auth_failed
-     │    └── AuthMissing               401 auth_failed
+     │    ├── AuthMissing               401 auth_failed
+     │    └── Forbidden                 403 forbidden
      ├── NotFound                       404 not_found
      ├── MethodNotAllowed               405 method_not_allowed
      ├── PayloadTooLarge                413 payload_too_large
@@ -53,6 +54,7 @@ __all__ = [
     "DuplicateSignature",
     "EffectInDoubt",
     "EmptyUndoStack",
+    "Forbidden",
     "InProgress",
     "InterceptFailed",
     "Internal",
@@ -285,6 +287,13 @@ class AuthMissing(AuthFailed):
     """No API key was sent."""
 
     http_status = 401
+
+
+class Forbidden(AuthFailed):
+    """The key is valid but its role may not do this (an agent key approving, say)."""
+
+    code = "forbidden"
+    http_status = 403
 
 
 class NotFound(UndoLogError):

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from undolog.engine.keys import KeySource, Role, new_key_id
 from undolog.engine.model import now_us
 from undolog.store.base import Queries, Store
-from undolog.store.records import OrgRecord, ToolRecord
+from undolog.store.records import KeyRecord, OrgRecord, ToolRecord
 from undolog_sdk.errors import InvalidRequest, ToolNotRegistered
 from undolog_sdk.signature import canonical_json
 from undolog_sdk.tier import CompensationDescriptor, ToolTier
@@ -49,19 +50,19 @@ class Registry:
         auto_approve_on_timeout: bool = False,
         api_key_hashes: tuple[str, ...] = (),
     ) -> None:
-        """Create or update an org and add API keys (given as SHA-256 hex) to it."""
+        """Create or update an org and add API keys (given as SHA-256 hex) to it, as
+        config-sourced `agent` keys (the proxy's start-up uses `Keys.sync_config`)."""
         now = self._clock()
         async with self.store.transaction() as q:
             await q.upsert_org(
                 org_id, name or org_id, approval_timeout_s, auto_approve_on_timeout, now
             )
             for key_hash in api_key_hashes:
-                await q.add_api_key(key_hash, org_id, None, now)
+                await q.put_api_key(
+                    KeyRecord(new_key_id(), key_hash, org_id, f"{org_id}-legacy-{key_hash[:8]}",
+                              Role.AGENT.value, KeySource.CONFIG.value, now, None, None)
+                )  # fmt: skip
         self._orgs.pop(org_id, None)
-
-    async def org_for_key_hash(self, key_hash: str) -> str | None:
-        async with self.store.reader() as q:
-            return await q.org_for_key_hash(key_hash)
 
     async def _org(self, q: Queries, org_id: str) -> OrgRecord | None:
         """The org (cached briefly), read through `q`: the caller's own transaction.

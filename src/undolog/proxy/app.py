@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ import undolog
 from undolog.config import Settings
 from undolog.engine import Engine
 from undolog.engine.approvals import Approvals
+from undolog.engine.keys import KeyGrant, Keys, Role
 from undolog.engine.saga import Saga
 from undolog.proxy.approvals import router as approvals_router
 from undolog.proxy.approvals import sweep_forever
@@ -31,7 +33,7 @@ from undolog.proxy.metrics import ProxyMetrics
 from undolog.proxy.overview import router as overview_router
 from undolog.proxy.routes import router
 from undolog.proxy.toolcall import tool_call
-from undolog.proxy.ui_auth import SessionTokens
+from undolog.proxy.ui_auth import SessionTokens, UiSessions
 from undolog.proxy.ui_auth import router as ui_auth_router
 from undolog.proxy.undo import router as undo_router
 from undolog.proxy.wire import error_body, json_response
@@ -80,6 +82,32 @@ class Runtime:
     commit_retry_attempts: int
     commit_retry_backoff_ms: int
     log: Any
+    keys: Keys
+    # Tools whose tier the operator's config sets: (org, tool name) → "config", and the MCP
+    # gateway's upstream prefixes ("git." ...) for every org. The API cannot change them.
+    config_tools: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+    gateway_prefixes: tuple[str, ...] = ()
+
+    def config_owner(self, org_id: str, tool_name: str) -> str | None:
+        """Who sets this tool's tier, if not the API: `config` ([[tools]]) or `mcp`."""
+        if (org_id, tool_name) in self.config_tools:
+            return "config"
+        if tool_name.startswith(self.gateway_prefixes):
+            return "mcp"
+        return None
+
+
+def config_key_grants(settings: Settings) -> list[KeyGrant]:
+    """Every key the config lists: the legacy unnamed ones (role `agent`, a generated name)
+    and the named `[[orgs.keys]]`."""
+    grants = []
+    for org in settings.orgs:
+        grants += [
+            KeyGrant(org.org_id, h, f"{org.org_id}-legacy-{h[:8]}", Role.AGENT)
+            for h in org.api_key_hashes
+        ]
+        grants += [KeyGrant(org.org_id, k.key_hash, k.name, Role(k.role)) for k in org.keys]
+    return grants
 
 
 async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) -> Runtime:
@@ -102,8 +130,11 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
                 name=org.name,
                 approval_timeout_s=org.approval_timeout_seconds,
                 auto_approve_on_timeout=org.auto_approve_on_timeout,
-                api_key_hashes=org.api_key_hashes,
             )
+        keys = Keys(store)
+        # The config is the source of truth for its keys: listed ones are stored (moved to
+        # the org that lists them now), the others revoked.
+        await keys.sync_config(config_key_grants(settings))
         for tool in settings.tools:
             await engine.register_tool(
                 tool.org_id,
@@ -143,6 +174,9 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
         commit_retry_attempts=max(1, settings.commit_retry_attempts),
         commit_retry_backoff_ms=settings.commit_retry_backoff_ms,
         log=structlog.get_logger("undolog.proxy"),
+        keys=keys,
+        config_tools={(t.org_id, t.name): "config" for t in settings.tools},
+        gateway_prefixes=tuple(f"{u.name}." for u in settings.mcp.upstreams),
     )
 
 
@@ -223,19 +257,24 @@ def create_app(settings: Settings) -> Any:
             error_body(request.state.request_id, "invalid_request", str(exc.errors())), 400
         )
 
-    async def lookup(key_hash: str) -> str | None:
-        return await metrics_holder["runtime"].engine.org_for_key_hash(key_hash)
+    async def lookup(key_hash: str) -> Any:
+        return await metrics_holder["runtime"].keys.live(key_hash)
 
-    keys = KeyResolver(lookup)
-    tokens = SessionTokens.from_setting(settings.ui_secret)
-    api.state.ui_tokens = tokens
-    api.state.ui_key_lookup = keys.org_for_key
+    async def touch(key_id: str) -> None:
+        await metrics_holder["runtime"].keys.touch(key_id)
+
+    keys = KeyResolver(lookup, touch=touch)
+    sessions = UiSessions(
+        SessionTokens.from_setting(settings.ui_secret), lambda: metrics_holder["runtime"].store
+    )
+    api.state.ui_sessions = sessions
+    api.state.ui_key_lookup = keys.record_for_key
     edge = Edge(
         api,
         metrics=metrics,
         keys=keys,
         max_body_bytes=settings.max_body_bytes,
-        tokens=tokens,
+        sessions=sessions,
     )
     tool_call_route = next(r for r in api.routes if getattr(r, "path", "") == "/mcp/tool_call")
     edge.fast_routes[("POST", "/mcp/tool_call")] = (tool_call_route, tool_call)

@@ -65,23 +65,30 @@ async def get_approval(id: str, request: Request) -> Response:
     return json_response(reference_approval(record))
 
 
-async def _decision_body(request: Request) -> tuple[str | None, str | None]:
+async def _decision_body(request: Request) -> str | None:
+    """The decision's optional `reason`. A `decided_by` is refused (400): who decided is the
+    authenticated key's name, never what the caller writes."""
     raw = await request.body()
     if not raw.strip():
-        return None, None
+        return None
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"malformed decision body: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidRequest("malformed decision body: expected a JSON object")
-    unknown = set(data) - {"reason", "decided_by"}
+    if "decided_by" in data:
+        raise InvalidRequest(
+            "decided_by is not accepted: the decider is the API key's name; "
+            "put any note in 'reason'"
+        )
+    unknown = set(data) - {"reason"}
     if unknown:
         raise InvalidRequest(f"malformed decision body: unknown fields {sorted(unknown)}")
-    for name in ("reason", "decided_by"):
-        if data.get(name) is not None and not isinstance(data[name], str):
-            raise InvalidRequest(f"malformed decision body: '{name}' must be a string")
-    return data.get("reason"), data.get("decided_by")
+    if data.get("reason") is not None and not isinstance(data["reason"], str):
+        raise InvalidRequest("malformed decision body: 'reason' must be a string")
+    reason: str | None = data.get("reason")
+    return reason
 
 
 async def _decide(request: Request, approval_id: str, verdict: Verdict) -> Response:
@@ -91,9 +98,9 @@ async def _decide(request: Request, approval_id: str, verdict: Verdict) -> Respo
     action = verdict.value
     started = time.perf_counter()
     try:
-        reason, decided_by = await _decision_body(request)
-        # Who decided: the key's org, and the name the caller gives (if any).
-        who = f"{decided_by} ({org_id})" if decided_by else org_id
+        reason = await _decision_body(request)
+        # Who decided: the authenticated key's name (`key:NAME`), never client text.
+        who = request.state.principal.decider
         result = await runtime.approvals.decide(
             org_id, approval_id, verdict, reason=reason, decided_by=who
         )

@@ -3,16 +3,23 @@
 Written as plain ASGI rather than `BaseHTTPMiddleware`, which costs a task and a memory
 stream per request on the hot path. Order: a request id for every response; `/health` and
 `/metrics` answered before anything else (outside auth and outside the HTTP metrics, as the
-reference says); then the body limit; then auth, which puts the key's org in
-`scope["state"]["org_id"]`; then the app, timed per route template.
+reference says); then the body limit; then auth, which puts the key's principal in
+`scope["state"]` (`org_id`, `key_id`, `key_name`, `role`, `principal`) and checks the role
+against the permission table (`roles.py`: 403 `forbidden`); then the app, timed per route
+template. The org and the actor always come from the key, never from what the client writes.
 
-Auth takes the `X-Api-Key` header first; without one, the dashboard's signed session cookie
+Auth takes the `X-Api-Key` header first; without one, the dashboard's session cookie
 (`ui_auth.py`) stands in for it, and a state-changing request must then also pass the
 same-origin check that stops cross-site request forgery.
+
+Keys are cached in this process for `ttl_seconds` (5 s): a revoked key stops working within
+that time in every process, at once in a dashboard session (checked against the store on
+each request). A key's `last_used` is written at most once a minute, in the background.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import re
 import time
@@ -26,10 +33,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from undolog.config import hash_api_key
+from undolog.engine.keys import Role
 from undolog.proxy.metrics import ProxyMetrics
-from undolog.proxy.ui_auth import SessionTokens, cookie_token, same_origin
+from undolog.proxy.roles import Principal, allowed
+from undolog.proxy.ui_auth import UiSessions, cookie_token, same_origin
 from undolog.proxy.wire import error_body
-from undolog_sdk.errors import AuthFailed, AuthMissing, PayloadTooLarge, UndoLogError
+from undolog.store.records import KeyRecord
+from undolog_sdk.errors import AuthFailed, AuthMissing, Forbidden, PayloadTooLarge, UndoLogError
 
 __all__ = ["Edge", "KeyResolver"]
 
@@ -46,34 +56,66 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 class KeyResolver:
-    """API key → org, through the store, cached briefly in this process.
+    """API key → its live record (org, id, name, role), through the store, cached briefly.
 
     Keys are hashed (SHA-256) before any lookup and never kept or logged in plain form.
+    `touch` records a key's use, at most once per `touch_interval_seconds` per key and in a
+    background task: never a write on the request's path.
     """
 
     def __init__(
         self,
-        lookup: Callable[[str], Awaitable[str | None]],
+        lookup: Callable[[str], Awaitable[KeyRecord | None]],
         *,
         ttl_seconds: float = 5.0,
         negative_ttl_seconds: float = 1.0,
+        touch: Callable[[str], Awaitable[None]] | None = None,
+        touch_interval_seconds: float = 60.0,
     ) -> None:
         self._lookup = lookup
         self._ttl = ttl_seconds
         self._negative_ttl = negative_ttl_seconds
-        self._cache: dict[str, tuple[float, str | None]] = {}
+        self._cache: dict[str, tuple[float, KeyRecord | None]] = {}
+        self._touch = touch
+        self._touch_interval = touch_interval_seconds
+        self._touched: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
-    async def org_for_key(self, key: str) -> str | None:
+    async def record_for_key(self, key: str) -> KeyRecord | None:
         key_hash = hash_api_key(key)
         now = time.monotonic()
         cached = self._cache.get(key_hash)
         if cached is not None and cached[0] > now:
-            return cached[1]
-        org = await self._lookup(key_hash)
-        self._cache[key_hash] = (now + (self._ttl if org else self._negative_ttl), org)
-        if len(self._cache) > 10_000:  # bounded: unknown keys must not grow it forever
-            self._cache.clear()
-        return org
+            record = cached[1]
+        else:
+            record = await self._lookup(key_hash)
+            self._cache[key_hash] = (now + (self._ttl if record else self._negative_ttl), record)
+            if len(self._cache) > 10_000:  # bounded: unknown keys must not grow it forever
+                self._cache.clear()
+        if record is not None:
+            self._note_use(record.key_id, now)
+        return record
+
+    async def principal_for_key(self, key: str) -> Principal | None:
+        record = await self.record_for_key(key)
+        if record is None:
+            return None
+        return Principal(record.org_id, record.key_id, record.name, Role(record.role))
+
+    def _note_use(self, key_id: str, now: float) -> None:
+        if self._touch is None or now - self._touched.get(key_id, -1e18) < self._touch_interval:
+            return
+        self._touched[key_id] = now
+        task = asyncio.get_running_loop().create_task(self._touch_quietly(key_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _touch_quietly(self, key_id: str) -> None:
+        assert self._touch is not None
+        try:
+            await self._touch(key_id)
+        except Exception:  # a lost "last used" must never fail or log-spam a request
+            structlog.get_logger("undolog.proxy").debug("key_touch_failed", key_id=key_id)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -106,13 +148,13 @@ class Edge:
         metrics: ProxyMetrics,
         keys: KeyResolver,
         max_body_bytes: int,
-        tokens: SessionTokens | None = None,
+        sessions: UiSessions | None = None,
     ) -> None:
         self.app = app
         self.metrics = metrics
         self.keys = keys
         self.max_body_bytes = max_body_bytes
-        self.tokens = tokens
+        self.sessions = sessions
         # (method, path) → (route, handler) served straight from here, past FastAPI's
         # routing and middleware: the hot path (`POST /mcp/tool_call`). The route object is
         # still registered with FastAPI, for OpenAPI and for the metrics label.
@@ -163,7 +205,17 @@ class Edge:
             if scope["method"] in _BODY_METHODS:
                 receive = await self._bounded_body(scope, receive)
             if not (path in PUBLIC_PATHS or path == "/ui" or path.startswith(PUBLIC_PREFIXES)):
-                scope["state"]["org_id"] = await self._authenticate(scope)
+                principal = await self._authenticate(scope)
+                state = scope["state"]
+                state["principal"] = principal
+                state["org_id"] = principal.org_id
+                state["key_id"] = principal.key_id
+                state["key_name"] = principal.key_name
+                state["role"] = principal.role.value
+                if not allowed(principal, scope["method"], path):
+                    raise Forbidden(
+                        f"an {principal.role.value} key may not use {scope['method']} {path}"
+                    )
         except UndoLogError as exc:
             # `send` is the wrapper that adds the X-Request-Id header: not a second one here.
             await _send_json(send, exc.http_status, error_body(request_id, exc.code, exc.message))
@@ -217,31 +269,33 @@ class Edge:
 
         return replay
 
-    async def _authenticate(self, scope: Scope) -> str:
+    async def _authenticate(self, scope: Scope) -> Principal:
         key = _header(scope, b"x-api-key")
+        principal: Principal | None
         if key:
-            org_id = await self.keys.org_for_key(key)
-            if org_id is None:
+            principal = await self.keys.principal_for_key(key)
+            if principal is None:
                 raise AuthFailed("API key not recognised")
         else:
-            org_id = self._cookie_org(scope)
+            principal = await self._cookie_principal(scope)
+        org_id = principal.org_id
         for header in (b"x-org-id", b"x-undolog-org-id"):
             claimed = _header(scope, header)
             if claimed is not None and not hmac.compare_digest(claimed.encode(), org_id.encode()):
                 raise AuthFailed(f"{header.decode()} does not match the API key's organisation")
-        return org_id
+        return principal
 
-    def _cookie_org(self, scope: Scope) -> str:
-        """The org of the dashboard's session cookie (the fallback without `X-Api-Key`)."""
-        token = cookie_token(scope["headers"]) if self.tokens is not None else None
-        if token is None or self.tokens is None:
+    async def _cookie_principal(self, scope: Scope) -> Principal:
+        """Who the dashboard's session cookie speaks for (the fallback without `X-Api-Key`)."""
+        token = cookie_token(scope["headers"]) if self.sessions is not None else None
+        if token is None or self.sessions is None:
             raise AuthMissing("missing X-Api-Key header")
-        org_id = self.tokens.verify(token)
-        if org_id is None:
-            raise AuthMissing("the dashboard session has expired or is invalid: sign in again")
+        principal = await self.sessions.principal(token)
+        if principal is None:
+            raise AuthMissing("the dashboard session has ended or is invalid: sign in again")
         if scope["method"] in _BODY_METHODS and not same_origin(scope):
             raise AuthFailed("a dashboard request must come from the dashboard's own origin")
-        return org_id
+        return principal
 
     async def _send_metrics(self, send: Send, request_id: str) -> None:
         payload = self.metrics.render()

@@ -18,7 +18,7 @@ from undolog.proxy.wire import (
     tool_json,
     undo_entry_json,
 )
-from undolog_sdk.errors import InvalidRequest, UndoLogError
+from undolog_sdk.errors import Forbidden, InvalidRequest, UndoLogError
 from undolog_sdk.signature import canonical_json
 
 if TYPE_CHECKING:
@@ -88,9 +88,16 @@ _URL_SCHEMES = ("http://", "https://")
 
 @router.put("/tools/{name}", openapi_extra={"requestBody": _TOOL_BODY})
 async def put_tool(name: str, request: Request) -> Response:
-    """Register or replace a tool of the caller's org."""
+    """Register or replace a tool of the caller's org (admin keys; never a tool whose tier
+    the operator's config sets: the config always wins)."""
     runtime = _runtime(request)
     try:
+        owner = runtime.config_owner(request.state.org_id, name)
+        if owner is not None:
+            where = "[[tools]]" if owner == "config" else "the [mcp] gateway config"
+            raise Forbidden(
+                f"tool '{name}' is set by the operator's config ({where}): change it there"
+            )
         data = await _json_object(request)
         unknown = set(data) - {"tier", "version", "compensation", "idempotent_upstream",
                                "upstream_url"}  # fmt: skip
@@ -176,6 +183,9 @@ async def resolve_effect(id: str, request: Request) -> Response:
         error = data.get("error")
         if error is not None and not isinstance(error, str):
             raise InvalidRequest("error must be a string")
+        if outcome == "failed":  # who resolved it is on record, from the key
+            by = request.state.principal.decider
+            error = f"{error} (resolved by {by})" if error else f"resolved as failed by {by}"
         effect = await runtime.engine.resolve(
             request.state.org_id,
             id,

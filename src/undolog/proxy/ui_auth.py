@@ -1,15 +1,17 @@
-"""Dashboard sign-in: an API key is exchanged once for a signed, expiring session cookie.
+"""Dashboard sign-in: an `approver` or `admin` key is exchanged once for a session cookie.
 
-The cookie (`undolog_session`) carries the org id and an expiry, signed with HMAC-SHA256
-under the server's `ui_secret` — never the key. It is HttpOnly and SameSite=Strict, Secure
-when the request came over https. The edge accepts it in place of `X-Api-Key`; a request
-that changes state with it must also prove it comes from the dashboard's own origin
-(`X-Requested-With: undolog-ui`, or an `Origin` matching the `Host`), which a cross-site
-form cannot forge.
+The cookie (`undolog_session`) carries a random session id and an expiry, signed with
+HMAC-SHA256 under the server's `ui_secret` — never the key. It is HttpOnly and
+SameSite=Strict, Secure when the request came over https. The edge accepts it in place of
+`X-Api-Key`; a request that changes state with it must also prove it comes from the
+dashboard's own origin (`X-Requested-With: undolog-ui`, or an `Origin` matching the `Host`),
+which a cross-site form cannot forge.
 
-Tokens are stateless: signing out clears the cookie in the browser, and a token expires
-after `ttl_seconds` in any case. Without a configured secret each process draws a random
-one, so a restart signs everyone out.
+Sessions are kept server-side (`ui_sessions`, the session id stored as its SHA-256) and tied
+to the key that signed in: each request checks the session is neither signed out nor expired
+and that its key is not revoked, so sign-out and `undolog keys revoke` end it at once. An
+`agent` key cannot sign in. Without a configured secret each process draws a random one, so
+a restart signs everyone out.
 """
 
 from __future__ import annotations
@@ -29,13 +31,19 @@ from fastapi import APIRouter, Request
 from starlette.requests import cookie_parser
 from starlette.responses import Response
 
+from undolog.engine.keys import Role
+from undolog.engine.model import now_us
+from undolog.proxy.roles import Principal
 from undolog.proxy.wire import error_body, json_response
+from undolog.store.base import Store
+from undolog.store.records import KeyRecord
 
 __all__ = [
     "COOKIE_NAME",
     "CSRF_HEADER",
     "CSRF_VALUE",
     "SessionTokens",
+    "UiSessions",
     "cookie_token",
     "router",
     "same_origin",
@@ -74,14 +82,15 @@ class SessionTokens:
     def _sign(self, payload: bytes) -> bytes:
         return hmac.new(self.secret, payload, hashlib.sha256).digest()
 
-    def issue(self, org_id: str, now: float | None = None) -> tuple[str, int]:
-        """A token for `org_id`; returns it with its expiry (Unix seconds)."""
+    def issue(self, session_id: str, now: float | None = None) -> tuple[str, int]:
+        """A token for the server-side session `session_id`; returns it with its expiry
+        (Unix seconds)."""
         expires = int(now if now is not None else time.time()) + self.ttl_seconds
-        payload = orjson.dumps({"org": org_id, "exp": expires, "n": secrets.token_hex(8)})
+        payload = orjson.dumps({"sid": session_id, "exp": expires})
         return f"{_b64(payload)}.{_b64(self._sign(payload))}", expires
 
     def verify(self, token: str, now: float | None = None) -> str | None:
-        """The org of a well-signed, unexpired token; None for anything else."""
+        """The session id of a well-signed, unexpired token; None for anything else."""
         head, dot, tail = token.partition(".")
         if not dot:
             return None
@@ -95,12 +104,52 @@ class SessionTokens:
             data = orjson.loads(payload)
         except orjson.JSONDecodeError:  # pragma: no cover - we signed it, so we wrote it
             return None
-        org, expires = data.get("org"), data.get("exp")
-        if not isinstance(org, str) or not isinstance(expires, int):
+        session_id, expires = data.get("sid"), data.get("exp")
+        if not isinstance(session_id, str) or not isinstance(expires, int):
             return None
         if expires <= (now if now is not None else time.time()):
             return None
-        return org
+        return session_id
+
+
+def _session_hash(session_id: str) -> str:
+    return hashlib.sha256(session_id.encode("utf-8")).hexdigest()
+
+
+class UiSessions:
+    """Dashboard sessions: a signed cookie outside, a row in `ui_sessions` inside."""
+
+    def __init__(self, tokens: SessionTokens, store: Callable[[], Store]) -> None:
+        self.tokens = tokens
+        self._store = store  # the runtime's store, opened in the lifespan
+
+    async def start(self, key: KeyRecord) -> tuple[str, int]:
+        """A new session for `key`; returns its cookie value and expiry (Unix seconds)."""
+        session_id = secrets.token_hex(16)
+        token, expires = self.tokens.issue(session_id)
+        async with self._store().autocommit() as q:
+            await q.insert_ui_session(
+                _session_hash(session_id), key.key_id, key.org_id, now_us(), expires * 1_000_000
+            )
+        return token, expires
+
+    async def principal(self, token: str) -> Principal | None:
+        """Who a cookie speaks for: None when it is forged, expired, signed out or its key
+        was revoked."""
+        session_id = self.tokens.verify(token)
+        if session_id is None:
+            return None
+        async with self._store().reader() as q:
+            key = await q.ui_session_key(_session_hash(session_id), now_us())
+        if key is None:
+            return None
+        return Principal(key.org_id, key.key_id, key.name, Role(key.role))
+
+    async def end(self, token: str) -> None:
+        session_id = self.tokens.verify(token)
+        if session_id is not None:
+            async with self._store().autocommit() as q:
+                await q.end_ui_session(_session_hash(session_id), now_us())
 
 
 def cookie_token(headers: Any) -> str | None:
@@ -131,9 +180,9 @@ def same_origin(scope: MutableMapping[str, Any]) -> bool:
 router = APIRouter(include_in_schema=False)
 
 
-def _tokens(request: Request) -> SessionTokens:
-    tokens: SessionTokens = request.app.state.ui_tokens
-    return tokens
+def _sessions(request: Request) -> UiSessions:
+    sessions: UiSessions = request.app.state.ui_sessions
+    return sessions
 
 
 async def _submitted_key(request: Request) -> tuple[str | None, bool]:
@@ -171,33 +220,42 @@ def _refused(request: Request, status: int, code: str, message: str) -> Response
 
 @router.post("/ui/login")
 async def login(request: Request) -> Response:
-    """Exchange an API key for the session cookie (JSON `{"api_key"}` or a form field)."""
+    """Exchange an `approver` or `admin` key for the session cookie (JSON `{"api_key"}` or
+    a form field)."""
     if not same_origin(request.scope):
         return _refused(request, 403, "auth_failed", "sign-in must come from the dashboard")
     key, is_form = await _submitted_key(request)
     if key is None or len(key) > _MAX_KEY_CHARS:
         return _refused(request, 400, "invalid_request", "an API key is required")
-    lookup: Callable[[str], Awaitable[str | None]] = request.app.state.ui_key_lookup
-    org_id = await lookup(key)
-    if org_id is None:
+    lookup: Callable[[str], Awaitable[KeyRecord | None]] = request.app.state.ui_key_lookup
+    record = await lookup(key)
+    if record is None:
         return _refused(request, 401, "auth_failed", "API key not recognised")
-    tokens = _tokens(request)
-    token, expires = tokens.issue(org_id)
+    if record.role not in (Role.APPROVER, Role.ADMIN):
+        return _refused(request, 403, "forbidden", "the dashboard needs an approver or admin key")
+    sessions = _sessions(request)
+    token, expires = await sessions.start(record)
     response: Response
     if is_form:
         response = Response(status_code=303, headers={"Location": "/ui/"})
     else:
-        response = json_response({"signed_in": True, "org_id": org_id, "expires_at": expires})
-    _set_cookie(response, request, token, tokens.ttl_seconds)
+        response = json_response(
+            {"signed_in": True, "org_id": record.org_id, "key_name": record.name,
+             "role": record.role, "expires_at": expires}
+        )  # fmt: skip
+    _set_cookie(response, request, token, sessions.tokens.ttl_seconds)
     response.headers["Cache-Control"] = "no-store"
     return response
 
 
 @router.post("/ui/logout")
 async def logout(request: Request) -> Response:
-    """Clear the session cookie."""
+    """End the session server-side and clear the cookie."""
     if not same_origin(request.scope):
         return _refused(request, 403, "auth_failed", "sign-out must come from the dashboard")
+    token = cookie_token(request.scope["headers"])
+    if token:
+        await _sessions(request).end(token)
     response = json_response({"signed_in": False})
     _set_cookie(response, request, "", 0)
     return response
@@ -205,9 +263,14 @@ async def logout(request: Request) -> Response:
 
 @router.get("/ui/session")
 async def whoami(request: Request) -> Response:
-    """Whether the browser holds a valid session, and for which org (always 200: the page
-    asks this first, and a refused request would be a console error)."""
+    """Whether the browser holds a valid session, and for which org and key (always 200:
+    the page asks this first, and a refused request would be a console error)."""
     token = cookie_token(request.scope["headers"])
-    org_id = _tokens(request).verify(token) if token else None
-    body: dict[str, Any] = {"signed_in": org_id is not None, "org_id": org_id}
+    principal = await _sessions(request).principal(token) if token else None
+    body: dict[str, Any] = {
+        "signed_in": principal is not None,
+        "org_id": principal.org_id if principal else None,
+        "key_name": principal.key_name if principal else None,
+        "role": principal.role.value if principal else None,
+    }
     return json_response(body, headers={"Cache-Control": "no-store"})

@@ -211,10 +211,12 @@ async def retry_entry(entry: str, request: Request) -> Response:
 
 @router.post("/undo/{entry}/resolve")
 async def resolve_entry(entry: str, request: Request) -> Response:
-    """An operator marks a failed entry handled by hand: `{"note": "..."}`."""
+    """An operator marks a failed entry handled by hand: `{"note": "..."}`; the entry keeps
+    the note with the key that resolved it (`resolved by key:NAME: note`)."""
 
     async def resolve(runtime: Runtime, org_id: str) -> UndoEntryRecord:
         note = await _note(request, "note", required=True)
-        return await runtime.saga.resolve(org_id, entry, note or "")
+        by = request.state.principal.decider
+        return await runtime.saga.resolve(org_id, entry, f"resolved by {by}: {note or ''}")
 
     return await _entry_answer(request, resolve)

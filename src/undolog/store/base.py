@@ -22,6 +22,7 @@ from undolog.store.records import (
     ApprovalRecord,
     EffectRecord,
     EventRecord,
+    KeyRecord,
     OrgRecord,
     SessionRecord,
     ToolRecord,
@@ -51,6 +52,7 @@ _APPROVAL_COLUMNS = (
 _TOOL_COLUMNS = (
     "org_id, name, tier, version, compensation, idempotent_upstream, upstream_url, updated_us"
 )
+_KEY_COLUMNS = "key_id, key_hash, org_id, name, role, source, created_us, last_used_us, revoked_us"
 _ORG_COLUMNS = "org_id, name, approval_timeout_s, auto_approve_on_timeout, created_us"
 _SESSION_COLUMNS = "org_id, session_id, state, last_step, created_us, updated_us"
 _EVENT_COLUMNS = "event_id, org_id, type, session_id, effect_id, payload, created_us"
@@ -140,20 +142,131 @@ class Queries(abc.ABC):
         row = await self._fetchrow(f"SELECT {_ORG_COLUMNS} FROM orgs WHERE org_id = ?", org_id)
         return _org(row) if row else None
 
-    async def add_api_key(self, key_hash: str, org_id: str, label: str | None, now_us: int) -> None:
-        """Store a key's SHA-256 for an org (a key already stored keeps its org)."""
+    async def put_api_key(self, key: KeyRecord) -> KeyRecord:
+        """Store a key, or give a stored one (same hash) this org, name, role and source.
+
+        A key listed again is live again (`revoked_us` cleared) and keeps its `key_id`:
+        the config is the source of truth for the keys it names. Returns the stored row.
+        """
         await self._execute(
-            "INSERT INTO api_keys (key_hash, org_id, label, created_us) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (key_hash) DO NOTHING",
+            f"INSERT INTO api_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (key_hash) DO UPDATE SET org_id = excluded.org_id, "
+            "name = excluded.name, role = excluded.role, source = excluded.source, "
+            "revoked_us = NULL",
+            key.key_id,
+            key.key_hash,
+            key.org_id,
+            key.name,
+            key.role,
+            key.source,
+            key.created_us,
+            key.last_used_us,
+            key.revoked_us,
+        )
+        row = await self._fetchrow(
+            f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE key_hash = ?", key.key_hash
+        )
+        assert row is not None
+        return KeyRecord(*row)
+
+    async def revoke_unlisted_keys(
+        self, source: str, keep_hashes: Collection[str], now_us: int, org_id: str | None = None
+    ) -> int:
+        """Revoke the live keys of `source` (and of `org_id`, if given) not in `keep_hashes`;
+        end their dashboard sessions. Returns how many keys were revoked."""
+        keep = sorted(keep_hashes)
+        where = "source = ? AND revoked_us IS NULL"
+        args: list[Any] = [source]
+        if org_id is not None:
+            where += " AND org_id = ?"
+            args.append(org_id)
+        if keep:
+            where += f" AND key_hash NOT IN ({', '.join('?' for _ in keep)})"
+            args += keep
+        rows = await self._fetch(f"SELECT key_id FROM api_keys WHERE {where}", *args)
+        for (key_id,) in rows:
+            await self.revoke_key(str(key_id), now_us)
+        return len(rows)
+
+    async def revoke_key(self, key_id: str, now_us: int) -> bool:
+        """Revoke a key and end its dashboard sessions; False if no live key has this id."""
+        changed = await self._execute(
+            "UPDATE api_keys SET revoked_us = ? WHERE key_id = ? AND revoked_us IS NULL",
+            now_us,
+            key_id,
+        )
+        await self._execute(
+            "UPDATE ui_sessions SET ended_us = ? WHERE key_id = ? AND ended_us IS NULL",
+            now_us,
+            key_id,
+        )
+        return changed > 0
+
+    async def live_key(self, key_hash: str) -> KeyRecord | None:
+        """The unrevoked key with this hash."""
+        row = await self._fetchrow(
+            f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE key_hash = ? AND revoked_us IS NULL",
             key_hash,
+        )
+        return KeyRecord(*row) if row else None
+
+    async def list_keys(self, org_id: str | None = None) -> list[KeyRecord]:
+        if org_id is None:
+            rows = await self._fetch(f"SELECT {_KEY_COLUMNS} FROM api_keys ORDER BY created_us")
+        else:
+            rows = await self._fetch(
+                f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE org_id = ? ORDER BY created_us",
+                org_id,
+            )
+        return [KeyRecord(*row) for row in rows]
+
+    async def touch_key(self, key_id: str, now_us: int) -> None:
+        await self._execute("UPDATE api_keys SET last_used_us = ? WHERE key_id = ?", now_us, key_id)
+
+    async def ensure_org_exists(self, org_id: str, now_us: int) -> None:
+        """Create a bare org if there is none (an existing one is left as it is)."""
+        await self._execute(
+            "INSERT INTO orgs (org_id, name, approval_timeout_s, auto_approve_on_timeout, "
+            "created_us) VALUES (?, ?, 3600, ?, ?) ON CONFLICT (org_id) DO NOTHING",
             org_id,
-            label,
+            org_id,
+            False,
             now_us,
         )
 
-    async def org_for_key_hash(self, key_hash: str) -> str | None:
-        row = await self._fetchrow("SELECT org_id FROM api_keys WHERE key_hash = ?", key_hash)
-        return str(row[0]) if row else None
+    # -- dashboard sessions ------------------------------------------------------------------
+
+    async def insert_ui_session(
+        self, session_hash: str, key_id: str, org_id: str, now_us: int, expires_us: int
+    ) -> None:
+        await self._execute(
+            "INSERT INTO ui_sessions (session_hash, key_id, org_id, created_us, expires_us) "
+            "VALUES (?, ?, ?, ?, ?)",
+            session_hash,
+            key_id,
+            org_id,
+            now_us,
+            expires_us,
+        )
+
+    async def ui_session_key(self, session_hash: str, now_us: int) -> KeyRecord | None:
+        """The live key behind a live dashboard session (not ended, not expired)."""
+        columns = ", ".join(f"k.{c.strip()}" for c in _KEY_COLUMNS.split(","))
+        row = await self._fetchrow(
+            f"SELECT {columns} FROM ui_sessions s JOIN api_keys k ON k.key_id = s.key_id "
+            "WHERE s.session_hash = ? AND s.ended_us IS NULL AND s.expires_us > ? "
+            "AND k.revoked_us IS NULL AND k.org_id = s.org_id",
+            session_hash,
+            now_us,
+        )
+        return KeyRecord(*row) if row else None
+
+    async def end_ui_session(self, session_hash: str, now_us: int) -> None:
+        await self._execute(
+            "UPDATE ui_sessions SET ended_us = ? WHERE session_hash = ? AND ended_us IS NULL",
+            now_us,
+            session_hash,
+        )
 
     # -- tools -------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ __all__ = [
     "ApprovalRecord",
     "EffectRecord",
     "EventRecord",
+    "KeyRecord",
     "OrgRecord",
     "SessionRecord",
     "ToolRecord",
@@ -28,6 +29,21 @@ class OrgRecord:
     approval_timeout_s: int
     auto_approve_on_timeout: bool
     created_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """An API key as stored: its SHA-256 only, never the key itself."""
+
+    key_id: str  # opaque, shown to operators ("key_" + 12 hex)
+    key_hash: str
+    org_id: str
+    name: str
+    role: str  # Role value: agent | approver | admin
+    source: str  # where it comes from: config | cli | demo
+    created_us: int
+    last_used_us: int | None
+    revoked_us: int | None
 
 
 @dataclass(frozen=True, slots=True)
