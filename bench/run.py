@@ -338,7 +338,10 @@ async def measure_store(
     py_spy: Path | None,
 ) -> dict[str, Any]:
     config = workdir / f"org-{store}.toml"
-    config.write_text(f'[[orgs]]\nid = "{ORG}"\napi_keys = ["{API_KEY}"]\n')
+    config.write_text(
+        f'[[orgs]]\nid = "{ORG}"\n[[orgs.keys]]\nname = "bench"\nrole = "admin"\n'
+        f'key = "{API_KEY}"\n'
+    )
     port = free_port()
     proxy = Child(
         f"proxy-{store}",

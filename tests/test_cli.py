@@ -97,18 +97,19 @@ def test_migrate_with_an_unsupported_url_fails_with_a_message(tmp_path: Path) ->
 # --- serve -------------------------------------------------------------------------------
 
 
-def test_serve_demo_prints_an_api_key_that_works_end_to_end(
-    tmp_path: Path, servers: list[ProcessServer]
-) -> None:
+def _serve_demo(
+    tmp_path: Path, servers: list[ProcessServer], database_url: str, run: int = 0
+) -> tuple[ProcessServer, int, str, str, Path]:
+    """`serve --demo` as a child process: (server, tools port, agent key, approver key, log)."""
     port, tools_port = free_port(), free_port()
-    log = tmp_path / "serve.log"
+    log = tmp_path / f"serve-{run}.log"
     args = undolog_command(
         "serve",
         "--demo",
         "--port",
         str(port),
         "--database-url",
-        f"sqlite:///{tmp_path / 'x.db'}",
+        database_url,
         "--demo-tools-port",
         str(tools_port),
         "--log-level",
@@ -116,9 +117,18 @@ def test_serve_demo_prints_an_api_key_that_works_end_to_end(
     )
     server = start(servers, ProcessServer(args, clean_env(), port, log_path=str(log)))
     output = log.read_text(encoding="utf-8")
-    match = re.search(r"API key:\s+(\S+)", output)
-    assert match, output
-    api_key = match.group(1)
+    agent = re.search(r"agent key:\s+(\S+)", output)
+    approver = re.search(r"approver key:\s+(\S+)", output)
+    assert agent and approver, output
+    return server, tools_port, agent.group(1), approver.group(1), log
+
+
+def test_serve_demo_prints_an_agent_key_that_works_end_to_end(
+    tmp_path: Path, servers: list[ProcessServer]
+) -> None:
+    server, tools_port, api_key, _, log = _serve_demo(
+        tmp_path, servers, f"sqlite:///{tmp_path / 'x.db'}"
+    )
 
     response = tool_call(server.url, api_key, "send_email", {"to": "a@b.c", "subject": "hi"})
     assert response.status_code == 200, response.text
@@ -150,7 +160,10 @@ upstream_url = "{tools.url}"
 
 [[orgs]]
 id = "acme"
-api_key_sha256 = ["{hash_api_key(api_key)}"]
+[[orgs.keys]]
+name = "ops"
+role = "admin"
+sha256 = "{hash_api_key(api_key)}"
 
 [[tools]]
 org = "acme"
@@ -223,3 +236,37 @@ def test_demo_tools_serves_the_demo_tool_server(servers: list[ProcessServer]) ->
     assert answer.json() == {"success": True, "output": {"x": 1}, "error": None}
     server.stop()
     wait_until(lambda: server.proc is not None and server.proc.poll() is not None)
+
+
+def test_serve_demo_prints_an_approver_key_and_revokes_the_previous_demo_keys(
+    tmp_path: Path, servers: list[ProcessServer]
+) -> None:
+    database_url = f"sqlite:///{tmp_path / 'x.db'}"
+    first, _, old_agent, old_approver, _ = _serve_demo(tmp_path, servers, database_url)
+    call = tool_call(first.url, old_agent, "delete_database", {"db_name": "d"})
+    assert call.status_code == 202, call.text
+    approval_id = call.json()["approval_id"]
+    refused = httpx.post(
+        f"{first.url}/approvals/{approval_id}/approve",
+        headers={"X-Api-Key": old_agent},
+        timeout=10,
+    )
+    assert (refused.status_code, refused.json()["code"]) == (403, "forbidden")
+    first.stop()
+
+    second, _, agent, approver, _ = _serve_demo(tmp_path, servers, database_url, run=1)
+    assert {agent, approver}.isdisjoint({old_agent, old_approver})
+    for old in (old_agent, old_approver):
+        gone = httpx.get(f"{second.url}/sessions", headers={"X-Api-Key": old}, timeout=10)
+        assert (gone.status_code, gone.json()["code"]) == (403, "auth_failed")
+    approved = httpx.post(
+        f"{second.url}/approvals/{approval_id}/approve",
+        headers={"X-Api-Key": approver},
+        timeout=10,
+    )
+    assert approved.status_code == 200, approved.text
+    assert approved.json()["status"] == "approved"
+    record = httpx.get(
+        f"{second.url}/approvals/{approval_id}", headers={"X-Api-Key": agent}, timeout=10
+    ).json()
+    assert record["decided_by"] == "key:demo-approver"

@@ -82,15 +82,13 @@ def test_list_filters_by_state_and_limits(proxy: ProxyHarness) -> None:
 
 def test_a_list_of_decided_approvals_shows_who_decided_and_why(proxy: ProxyHarness) -> None:
     approval_id = await_approval(proxy)
-    assert (
-        undolog(proxy, "reject", approval_id, "--reason", "wrong-db", "--by", "ana").exit_code == 0
-    )
+    assert undolog(proxy, "reject", approval_id, "--reason", "wrong-db").exit_code == 0
     result = undolog(proxy, "list", "--state", "rejected")
     assert result.exit_code == 0, result.output
     header, _, row = result.stdout.splitlines()
     assert header.split() == [*TABLE_HEADERS, "decided", "by", "reason"]
     assert row.split()[0] == approval_id
-    assert row.split()[-3:] == ["ana", f"({proxy.org_id})", "wrong-db"]
+    assert row.split()[-2:] == ["key:admin", "wrong-db"]
 
 
 def test_a_state_is_sent_as_one_query_parameter(proxy: ProxyHarness) -> None:
@@ -110,13 +108,13 @@ def test_approve_runs_the_call_and_prints_its_result_with_the_reason_stored(
     proxy: ProxyHarness,
 ) -> None:
     approval_id = await_approval(proxy)
-    result = undolog(proxy, "approve", approval_id, "--reason", "change CHG-7", "--by", "ana")
+    result = undolog(proxy, "approve", approval_id, "--reason", "change CHG-7")
     assert result.exit_code == 0, result.output
     first, *rest = result.stdout.splitlines()
     assert first == f"approval {approval_id}: approved; execution committed"
     assert json.loads("\n".join(rest))["output"] == {"db_name": "db-1", "status": "deleted"}
     (record,) = api_list(proxy, state="approved")
-    assert (record["reason"], record["decided_by"]) == ("change CHG-7", f"ana ({proxy.org_id})")
+    assert (record["reason"], record["decided_by"]) == ("change CHG-7", "key:admin")
     assert proxy.counters("delete_database") == {record["effect_id"]: 1}
 
 
@@ -127,7 +125,7 @@ def test_reject_with_a_reason_prints_json(proxy: ProxyHarness) -> None:
     answer = json.loads(result.stdout)
     assert (answer["status"], answer["approval_id"]) == ("rejected", approval_id)
     (record,) = api_list(proxy, state="rejected")
-    assert (record["reason"], record["decided_by"]) == ("not today", proxy.org_id)
+    assert (record["reason"], record["decided_by"]) == ("not today", "key:admin")
 
 
 def test_reject_prints_a_line(proxy: ProxyHarness) -> None:

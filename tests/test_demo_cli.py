@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.proxy.conftest import make_settings
+from tests.proxy.conftest import make_settings, role_keys
 from tests.support.servers import ThreadServer, undolog_command
-from undolog.config import OrgConfig, hash_api_key
+from undolog.config import OrgConfig
 from undolog.demo.tools import create_demo_tools_app
 
 SESSION = re.compile(r"^session ([0-9a-f-]{36})  state=(\w+)$", re.MULTILINE)
@@ -83,7 +83,7 @@ def demo_stack(store_url: str) -> Iterator[tuple[str, str, str]]:
     from undolog.proxy import create_app
 
     key = "ul_test_" + secrets.token_urlsafe(18)
-    org = OrgConfig(org_id=f"org-{secrets.token_hex(6)}", api_key_hashes=(hash_api_key(key),))
+    org = OrgConfig(org_id=f"org-{secrets.token_hex(6)}", keys=role_keys(key))
     upstream = ThreadServer(create_demo_tools_app()).start()
     proxy = ThreadServer(create_app(make_settings(store_url, upstream.url, (org,)))).start()
     try:

@@ -115,7 +115,7 @@ async def _seed_demo(settings: Settings) -> None:
     """Create the demo org and tools, revoke the previous demo keys and make two new ones:
     an agent key (for the agent's calls) and an approver key (for the dashboard and
     approvals); print how to use them."""
-    from undolog.demo.catalog import DEMO_TOOLS
+    from undolog.demo.catalog import DEMO_TOOLS, EXAMPLE_TOOLS
     from undolog.engine import Engine
     from undolog.engine.keys import Keys, KeySource
     from undolog.store import open_store
@@ -125,7 +125,7 @@ async def _seed_demo(settings: Settings) -> None:
         await store.migrate()
         engine = Engine(store)
         await engine.ensure_org(DEMO_ORG, name="Demo")
-        for name, spec in DEMO_TOOLS.items():
+        for name, spec in {**DEMO_TOOLS, **EXAMPLE_TOOLS}.items():
             await engine.register_tool(DEMO_ORG, name, **spec)
         keys = Keys(store)
         await keys.revoke_source(KeySource.DEMO, DEMO_ORG)

@@ -178,9 +178,10 @@ def approvals_list(
     typer.echo(_table(_approval_rows(data, decided), headers))
 
 
-def _decide(action: str, approval_id: str, reason: str | None, decided_by: str | None,
+def _decide(action: str, approval_id: str, reason: str | None,
             url: str | None, api_key: str | None, as_json: bool) -> None:  # fmt: skip
-    body = {k: v for k, v in (("reason", reason), ("decided_by", decided_by)) if v is not None}
+    # Who decides is the API key's name, recorded by the proxy: nothing to send for it.
+    body = {"reason": reason} if reason is not None else {}
     data = _request("POST", url, api_key, f"/approvals/{approval_id}/{action}", body)
     if as_json:
         _print_json(data)
@@ -199,23 +200,21 @@ def _decide(action: str, approval_id: str, reason: str | None, decided_by: str |
 def approvals_approve(
     approval_id: str,
     reason: str = typer.Option(None, "--reason", help="Why (stored and shown)"),
-    decided_by: str = typer.Option(None, "--by", help="Who decides (stored with the org)"),
     url: str = _URL,
     api_key: str = _KEY,
     as_json: bool = _JSON,
 ) -> None:
     """Approve a pending request; a proxy-executed call runs now."""
-    _decide("approve", approval_id, reason, decided_by, url, api_key, as_json)
+    _decide("approve", approval_id, reason, url, api_key, as_json)
 
 
 @approvals_app.command("reject")
 def approvals_reject(
     approval_id: str,
     reason: str = typer.Option(None, "--reason", help="Why (stored and shown)"),
-    decided_by: str = typer.Option(None, "--by", help="Who decides (stored with the org)"),
     url: str = _URL,
     api_key: str = _KEY,
     as_json: bool = _JSON,
 ) -> None:
     """Reject a pending request and halt its session."""
-    _decide("reject", approval_id, reason, decided_by, url, api_key, as_json)
+    _decide("reject", approval_id, reason, url, api_key, as_json)

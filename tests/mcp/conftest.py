@@ -28,8 +28,9 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, TextContent
 
+from tests.proxy.conftest import role_keys
 from tests.support.servers import ThreadServer
-from undolog.config import OrgConfig, Settings, hash_api_key
+from undolog.config import OrgConfig, Settings
 from undolog.mcp.config import parse_mcp_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,7 +169,7 @@ def serve_gateway(
         upstream_timeout_seconds=20.0,
         lease_seconds=30.0,
         log_level="warning",
-        orgs=(OrgConfig(org_id=org_id, api_key_hashes=(hash_api_key(key),)),),
+        orgs=(OrgConfig(org_id=org_id, keys=role_keys(key)),),
         mcp=parse_mcp_settings(mcp),
     )
     server = ThreadServer(create_app(settings)).start()

@@ -43,7 +43,10 @@ database_url = {json.dumps(f"sqlite:///{tmp_path / 'undolog.db'}")}
 
 [[orgs]]
 id = "acme"
-api_key_sha256 = ["{hash_api_key(API_KEY)}"]
+[[orgs.keys]]
+name = "ops"
+role = "admin"
+sha256 = "{hash_api_key(API_KEY)}"
 {mcp}""",
         encoding="utf-8",
     )

@@ -20,8 +20,9 @@ from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
 from tests.mcp.conftest import Gateway
+from tests.proxy.conftest import role_keys
 from tests.support.servers import ThreadServer, await_until, free_port
-from undolog.config import OrgConfig, Settings, hash_api_key
+from undolog.config import OrgConfig, Settings
 from undolog.mcp import upstreams
 from undolog.mcp.config import parse_mcp_settings
 
@@ -45,7 +46,7 @@ def _proxy(tmp_path: Path, *upstream: dict[str, Any]) -> Iterator[Gateway]:
         database_url=f"sqlite:///{tmp_path / 'undolog.db'}",
         upstream_timeout_seconds=20.0,
         log_level="warning",
-        orgs=(OrgConfig(org_id=org_id, api_key_hashes=(hash_api_key(key),)),),
+        orgs=(OrgConfig(org_id=org_id, keys=role_keys(key)),),
         mcp=parse_mcp_settings({"upstreams": [TIME, *upstream]}),
     )
     server = ThreadServer(create_app(settings)).start()

@@ -1,8 +1,12 @@
 """A real proxy (uvicorn on a loopback port) in front of a real demo tool server, per test.
 
 `proxy` runs in a thread of the test process; `ProxyHarness.client()` gives an httpx client
-with the org's API key. For kill -9 tests, `spawn_proxy` starts `python -m undolog serve` as
-a child process on the same store.
+with the org's `admin` key (`api_key`); `agent_key` and `approver_key` are the org's keys of
+the other two roles. For kill -9 tests, `spawn_proxy` starts `python -m undolog serve` as a
+child process on the same store.
+
+The config is the source of truth for keys, so a proxy started later in a test lists the
+orgs (and keys) of the proxies started before it: otherwise its start would revoke them.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import httpx
 import pytest
 
 from tests.support.servers import ProcessServer, ThreadServer, free_port, undolog_command
-from undolog.config import OrgConfig, Settings, hash_api_key
+from undolog.config import KeyConfig, OrgConfig, Settings, hash_api_key
 from undolog.demo.catalog import DEMO_TOOLS
 from undolog.demo.tools import create_demo_tools_app
 
@@ -32,6 +36,8 @@ class ProxyHarness:
     settings: Settings
     extra: dict[str, Any] = field(default_factory=dict)
     server: ThreadServer | None = None
+    agent_key: str = ""
+    approver_key: str = ""
 
     @property
     def runtime(self) -> Any:
@@ -65,7 +71,23 @@ class ProxyHarness:
 
 
 def _new_org() -> tuple[str, str]:
-    return f"org-{secrets.token_hex(6)}", "ul_test_" + secrets.token_urlsafe(18)
+    return f"org-{secrets.token_hex(6)}", new_key()
+
+
+def new_key() -> str:
+    return "ul_test_" + secrets.token_urlsafe(18)
+
+
+def role_keys(
+    admin: str, agent: str | None = None, approver: str | None = None
+) -> tuple[KeyConfig, ...]:
+    """`[[orgs.keys]]` for an admin key and, if given, an agent and an approver key."""
+    keys = [KeyConfig(name="admin", role="admin", key_hash=hash_api_key(admin))]
+    if agent:
+        keys.append(KeyConfig(name="agent", role="agent", key_hash=hash_api_key(agent)))
+    if approver:
+        keys.append(KeyConfig(name="approver", role="approver", key_hash=hash_api_key(approver)))
+    return tuple(keys)
 
 
 @pytest.fixture
@@ -98,21 +120,24 @@ def proxy_factory(store_url: str, demo_upstream: ThreadServer) -> Iterator[Any]:
     from undolog.proxy import create_app
 
     started: list[ThreadServer] = []
+    orgs_so_far: list[OrgConfig] = []
 
     def start(org_options: dict[str, Any] | None = None, **overrides: Any) -> ProxyHarness:
         """A proxy with its own org; `org_options` are extra `OrgConfig` fields (for example
         `approval_timeout_seconds`, `auto_approve_on_timeout`), `overrides` are `Settings`."""
         org_id, key = _new_org()
-        orgs = (
-            OrgConfig(org_id=org_id, api_key_hashes=(hash_api_key(key),), **(org_options or {})),
+        agent, approver = new_key(), new_key()
+        orgs_so_far.append(
+            OrgConfig(org_id=org_id, keys=role_keys(key, agent, approver), **(org_options or {}))
         )
         upstream = overrides.pop("upstream_url", demo_upstream.url)
-        settings = make_settings(store_url, upstream, orgs, **overrides)
+        settings = make_settings(store_url, upstream, tuple(orgs_so_far), **overrides)
         server = ThreadServer(create_app(settings)).start()
         started.append(server)
         harness = ProxyHarness(
-            server.url, demo_upstream.url, store_url, org_id, key, settings, server=server
-        )
+            server.url, demo_upstream.url, store_url, org_id, key, settings, server=server,
+            agent_key=agent, approver_key=approver,
+        )  # fmt: skip
         harness.register_demo_tools()
         return harness
 
@@ -163,12 +188,13 @@ def write_org_config(
     approval_timeout_seconds: int | None = None,
     auto_approve_on_timeout: bool | None = None,
 ) -> Path:
-    """A TOML config declaring one org with one key (stored as its SHA-256), and optionally
-    its approval timeout policy."""
-    text = f'[[orgs]]\nid = "{org_id}"\napi_key_sha256 = ["{hash_api_key(api_key)}"]\n'
+    """A TOML config declaring one org with one admin key (stored as its SHA-256), and
+    optionally its approval timeout policy."""
+    text = f'[[orgs]]\nid = "{org_id}"\n'
     if approval_timeout_seconds is not None:
         text += f"approval_timeout_seconds = {approval_timeout_seconds}\n"
     if auto_approve_on_timeout is not None:
         text += f"auto_approve_on_timeout = {str(auto_approve_on_timeout).lower()}\n"
+    text += f'[[orgs.keys]]\nname = "admin"\nrole = "admin"\nsha256 = "{hash_api_key(api_key)}"\n'
     path.write_text(text, encoding="utf-8")
     return path

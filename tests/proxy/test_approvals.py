@@ -358,34 +358,34 @@ def test_a_second_decision_is_a_409_and_changes_nothing(
 # --- reason and name -----------------------------------------------------------------------
 
 
-def test_the_reason_and_who_decided_are_stored_and_listed(proxy: ProxyHarness) -> None:
+def test_the_reason_and_the_deciding_keys_name_are_stored_and_listed(
+    proxy: ProxyHarness,
+) -> None:
     session = new_session()
-    with proxy.client() as c:
+    with proxy.client() as c, proxy.client(proxy.approver_key) as approver:
         approved = await_approval(c, drop_db(session, 1, "a"))["approval_id"]
         rejected = await_approval(c, drop_db(session, 2, "b"))["approval_id"]
         anonymous = await_approval(c, drop_db(session, 3, "c"))["approval_id"]
-        decide(c, approved, "approve", {"reason": "ticket OPS-12", "decided_by": "ana"})
+        decide(approver, approved, "approve", {"reason": "ticket OPS-12"})
         decide(c, rejected, "reject", {"reason": "wrong database"})
         (a,) = listed(c, state="approved")
         rejected_list = listed(c, state="rejected")
         one = c.get(f"/approvals/{rejected}").json()
         still = c.get(f"/approvals/{anonymous}").json()
-    assert (a["id"], a["reason"], a["decided_by"]) == (
-        approved, "ticket OPS-12", f"ana ({proxy.org_id})",
-    )  # fmt: skip
+    assert (a["id"], a["reason"], a["decided_by"]) == (approved, "ticket OPS-12", "key:approver")
     assert a["decided_at"] is not None
     (r,) = rejected_list
-    assert (r["id"], r["reason"], r["decided_by"]) == (rejected, "wrong database", proxy.org_id)
-    assert (one["reason"], one["decided_by"]) == ("wrong database", proxy.org_id)
+    assert (r["id"], r["reason"], r["decided_by"]) == (rejected, "wrong database", "key:admin")
+    assert (one["reason"], one["decided_by"]) == ("wrong database", "key:admin")
     assert (still["status"], still["reason"], still["decided_by"]) == ("pending", None, None)
 
 
 @pytest.mark.parametrize("action", ["approve", "reject"])
 @pytest.mark.parametrize(
     "raw",
-    [b"{not json", b"[1, 2]", b'"approve"', b'{"reason": 5}', b'{"decided_by": ["ana"]}',
+    [b"{not json", b"[1, 2]", b'"approve"', b'{"reason": 5}', b'{"decided_by": "ana"}',
      b'{"reason": "ok", "colour": "red"}'],
-    ids=["not-json", "array", "string", "reason-not-text", "name-not-text", "unknown-field"],
+    ids=["not-json", "array", "string", "reason-not-text", "decided-by-refused", "unknown-field"],
 )  # fmt: skip
 def test_a_malformed_decision_body_is_a_400_and_decides_nothing(
     proxy: ProxyHarness, action: str, raw: bytes

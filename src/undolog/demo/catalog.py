@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DEMO_TOOLS"]
+__all__ = ["DEMO_TOOLS", "EXAMPLE_TOOLS"]
 
 
 def _undo(fn_name: str) -> dict[str, Any]:
@@ -23,4 +23,17 @@ DEMO_TOOLS: dict[str, dict[str, Any]] = {
     "slow": {"tier": "compensable", "compensation": _undo("echo")},
     "broken": {"tier": "compensable", "compensation": _undo("echo")},
     "fail": {"tier": "compensable", "compensation": _undo("echo")},
+}
+
+# The SDK tools of `examples/agent.py`, as its decorators declare them: `serve --demo`
+# registers them, since the demo's agent key may not (only admin keys register tools).
+EXAMPLE_TOOLS: dict[str, dict[str, Any]] = {
+    "search_customers": {"tier": "safe"},
+    "charge_card": {
+        "tier": "compensable",
+        "compensation": {"fn_name": "refund_charge", "fn_version": "1.0.0",
+                         "args": {"reason": "session rolled back"}, "max_retries": 3,
+                         "retry_backoff_ms": 1000},
+    },  # fmt: skip
+    "delete_customer_data": {"tier": "irreversible"},
 }

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from undolog.config import OrgConfig, Settings, hash_api_key
+from undolog.config import KeyConfig, OrgConfig, Settings, ToolConfig, hash_api_key
 from undolog.demo.catalog import DEMO_TOOLS
 from undolog.demo.tools import create_demo_tools_app
 
@@ -52,17 +52,24 @@ async def _start(app: Any, port: int) -> tuple[uvicorn.Server, asyncio.Task[None
 
 @contextlib.asynccontextmanager
 async def self_contained() -> AsyncIterator[tuple[str, str]]:
-    """A proxy and the demo tools on free ports; yields (proxy URL, API key)."""
+    """A proxy and the demo tools on free ports; yields (proxy URL, the agent's API key).
+
+    The demo tools come from the config, the agent gets an `agent` key: what it may do
+    in production too."""
     from undolog.proxy import create_app
 
     key = "ul_demo_" + secrets.token_urlsafe(18)
+    agent_key = KeyConfig(name="demo-agent", role="agent", key_hash=hash_api_key(key))
     tools_port, proxy_port = _free_port(), _free_port()
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(
             database_url=f"sqlite:///{Path(tmp) / 'demo.db'}",
             upstream_url=f"http://127.0.0.1:{tools_port}",
             log_level="error",
-            orgs=(OrgConfig(org_id="demo", api_key_hashes=(hash_api_key(key),)),),
+            orgs=(OrgConfig(org_id="demo", keys=(agent_key,)),),
+            tools=tuple(
+                ToolConfig(org_id="demo", name=name, **spec) for name, spec in DEMO_TOOLS.items()
+            ),
         )
         servers = [
             await _start(create_demo_tools_app(), tools_port),
@@ -83,7 +90,9 @@ async def run_scenario(proxy_url: str, api_key: str, echo: Echo) -> dict[str, An
         base_url=proxy_url, headers={"X-Api-Key": api_key}, timeout=30
     ) as client:
         for name, spec in DEMO_TOOLS.items():
-            (await client.put(f"/tools/{name}", json=spec)).raise_for_status()
+            registered = await client.put(f"/tools/{name}", json=spec)
+            if registered.status_code != 403:  # an agent key: the operator registered them
+                registered.raise_for_status()
 
         async def call(step: int, tool: str, **args: Any) -> dict[str, Any]:
             body = {"session_id": session_id, "tool_name": tool, "step_index": step, "args": args}

@@ -418,7 +418,7 @@ function updateTimes(card) {
 async function decide(a, verdict, card) {
   const reason = card.querySelector(".reason-input").value.trim();
   for (const b of card.querySelectorAll("button")) b.disabled = true;
-  const body = { decided_by: "dashboard" };
+  const body = {};  // who decides is the signed-in key, recorded by the proxy
   if (reason) body.reason = reason;
   const res = await api(`/approvals/${encodeURIComponent(a.id)}/${verdict}`, { method: "POST", body });
   state.decided.set(a.id, { approval: a, verdict, reason, res });
