@@ -24,6 +24,7 @@ from undolog.store import (
     open_store,
 )
 from undolog.store.base import load_migrations
+from undolog.store.records import KeyRecord
 from undolog_sdk.errors import Database
 
 NOW = 1_700_000_000_000_000
@@ -153,21 +154,69 @@ async def test_a_fresh_sqlite_file_has_schema_version_0_until_migrated(tmp_path:
 # -- orgs and keys ----------------------------------------------------------------------------
 
 
-async def test_an_api_key_hash_maps_to_its_first_org_and_an_unknown_hash_to_none(
+def key_record(key_hash: str, org_id: str, *, name: str = "ci", role: str = "agent",
+               source: str = "config") -> KeyRecord:  # fmt: skip
+    return KeyRecord(f"key_{uuid.uuid4().hex[:12]}", key_hash, org_id, name, role, source,
+                     NOW, None, None)  # fmt: skip
+
+
+async def test_a_key_listed_again_moves_to_its_new_org_and_role_and_keeps_its_id(
     store: Store,
 ) -> None:
     org_a, org_b = new_org(), new_org()
     key_a, key_b = uuid.uuid4().hex * 2, uuid.uuid4().hex * 2
-    for org, key in ((org_a, key_a), (org_b, key_b)):
+    for org in (org_a, org_b):
         await add_org(store, org)
-        async with store.transaction() as q:
-            await q.add_api_key(key, org, "ci", NOW)
     async with store.transaction() as q:
-        await q.add_api_key(key_a, org_b, None, NOW)  # a key already stored keeps its org
+        first = await q.put_api_key(key_record(key_a, org_a))
+        await q.put_api_key(key_record(key_b, org_b, role="approver"))
+        moved = await q.put_api_key(key_record(key_a, org_b, name="alice", role="admin"))
+    assert moved.key_id == first.key_id
     async with store.reader() as q:
-        assert await q.org_for_key_hash(key_a) == org_a
-        assert await q.org_for_key_hash(key_b) == org_b
-        assert await q.org_for_key_hash(uuid.uuid4().hex * 2) is None
+        a, b = await q.live_key(key_a), await q.live_key(key_b)
+        assert a is not None and b is not None
+        assert (a.org_id, a.name, a.role) == (org_b, "alice", "admin")
+        assert (b.org_id, b.role) == (org_b, "approver")
+        assert await q.live_key(uuid.uuid4().hex * 2) is None
+
+
+async def test_revoking_unlisted_keys_spares_the_listed_ones_and_other_sources(
+    store: Store,
+) -> None:
+    org = new_org()
+    await add_org(store, org)
+    kept, dropped, cli = (uuid.uuid4().hex * 2 for _ in range(3))
+    async with store.transaction() as q:
+        await q.put_api_key(key_record(kept, org))
+        gone = await q.put_api_key(key_record(dropped, org))
+        await q.put_api_key(key_record(cli, org, source="cli"))
+        await q.insert_ui_session("s" * 64, gone.key_id, org, NOW, NOW + 10**9)
+        revoked = await q.revoke_unlisted_keys("config", {kept}, NOW + 1, org)
+    assert revoked == 1
+    async with store.reader() as q:
+        assert await q.live_key(kept) is not None
+        assert await q.live_key(cli) is not None
+        assert await q.live_key(dropped) is None
+        assert await q.ui_session_key("s" * 64, NOW + 2) is None  # its session ended with it
+        listed = {k.key_hash: k for k in await q.list_keys(org)}
+    assert listed[dropped].revoked_us == NOW + 1
+    assert listed[kept].revoked_us is None
+
+
+async def test_a_dashboard_session_lives_until_it_ends_or_expires(store: Store) -> None:
+    org = new_org()
+    await add_org(store, org)
+    async with store.transaction() as q:
+        key = await q.put_api_key(key_record(uuid.uuid4().hex * 2, org, role="approver"))
+        await q.insert_ui_session("a" * 64, key.key_id, org, NOW, NOW + 100)
+    async with store.reader() as q:
+        found = await q.ui_session_key("a" * 64, NOW + 1)
+        assert found is not None and found.key_id == key.key_id
+        assert await q.ui_session_key("a" * 64, NOW + 100) is None  # expired
+    async with store.autocommit() as q:
+        await q.end_ui_session("a" * 64, NOW + 2)
+    async with store.reader() as q:
+        assert await q.ui_session_key("a" * 64, NOW + 3) is None
 
 
 async def test_upsert_org_stores_then_replaces_the_approval_policy(store: Store) -> None:
