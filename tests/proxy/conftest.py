@@ -122,10 +122,14 @@ def proxy_factory(store_url: str, demo_upstream: ThreadServer) -> Iterator[Any]:
     started: list[ThreadServer] = []
     orgs_so_far: list[OrgConfig] = []
 
-    def start(org_options: dict[str, Any] | None = None, **overrides: Any) -> ProxyHarness:
-        """A proxy with its own org; `org_options` are extra `OrgConfig` fields (for example
-        `approval_timeout_seconds`, `auto_approve_on_timeout`), `overrides` are `Settings`."""
-        org_id, key = _new_org()
+    def start(
+        org_options: dict[str, Any] | None = None, *, org_id: str | None = None, **overrides: Any
+    ) -> ProxyHarness:
+        """A proxy with its own org (`org_id`, or a fresh one); `org_options` are extra
+        `OrgConfig` fields (for example `approval_timeout_seconds`, `auto_approve_on_timeout`),
+        `overrides` are `Settings`."""
+        fresh_org, key = _new_org()
+        org_id = org_id or fresh_org
         agent, approver = new_key(), new_key()
         orgs_so_far.append(
             OrgConfig(org_id=org_id, keys=role_keys(key, agent, approver), **(org_options or {}))

@@ -31,9 +31,13 @@ EXAMPLE_TOOLS: dict[str, dict[str, Any]] = {
     "search_customers": {"tier": "safe"},
     "charge_card": {
         "tier": "compensable",
-        "compensation": {"fn_name": "refund_charge", "fn_version": "1.0.0",
-                         "args": {"reason": "session rolled back"}, "max_retries": 3,
-                         "retry_backoff_ms": 1000},
-    },  # fmt: skip
+        "compensation": {
+            "fn_name": "refund_charge",
+            "fn_version": "1.0.0",
+            "args": {"reason": "session rolled back"},
+            "max_retries": 3,
+            "retry_backoff_ms": 1000,
+        },
+    },
     "delete_customer_data": {"tier": "irreversible"},
 }

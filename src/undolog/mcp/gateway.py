@@ -89,6 +89,7 @@ from undolog_sdk.errors import (
     InvalidRequest,
     Serialization,
     ToolError,
+    ToolNotRegistered,
     UndoLogError,
 )
 from undolog_sdk.signature import canonical_json
@@ -439,11 +440,18 @@ class McpGateway:
         return value if isinstance(value, str) and value else None
 
     async def _register(self, runtime: Runtime, org_id: str, tool: GatewayTool) -> None:
-        """Register the tool for the org with its current tier (once per process and policy)."""
+        """Register the tool for the org with its current tier (once per process and policy,
+        and again whenever the stored tier is not the gateway's: the config always wins,
+        whatever the registry was told since)."""
         compensation = tool.compensation()
         policy = (tool.tier, canonical_json(compensation) if compensation else None)
         if self._registered.get((org_id, tool.name)) == policy:
-            return
+            try:
+                stored = await runtime.engine.get_tool(org_id, tool.name)  # cached briefly
+            except ToolNotRegistered:
+                stored = None
+            if stored is not None and stored.tier == tool.tier:
+                return
         await runtime.engine.register_tool(
             org_id, tool.name, tier=tool.tier, compensation=compensation
         )
