@@ -3,6 +3,7 @@ tampering, another org, and the `/overview` counts."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -11,7 +12,9 @@ import pytest
 
 from tests.proxy.conftest import ProxyHarness
 from undolog.config import hash_api_key
+from undolog.engine.keys import Keys
 from undolog.proxy.ui_auth import COOKIE_NAME, SessionTokens
+from undolog.store import open_store
 from undolog_sdk.errors import AuthFailed, AuthMissing
 
 SECRET = "http-test-ui-secret"
@@ -60,8 +63,11 @@ def test_signing_in_sets_an_httponly_strict_signed_cookie_without_the_key(
         token = c.cookies[COOKIE_NAME]
         assert ui_proxy.api_key not in token
         assert hash_api_key(ui_proxy.api_key) not in token
-        assert SessionTokens(SECRET.encode()).verify(token) == ui_proxy.org_id
-        assert c.get("/ui/session").json() == {"signed_in": True, "org_id": ui_proxy.org_id}
+        session_id = SessionTokens(SECRET.encode()).verify(token)
+        assert session_id is not None and ui_proxy.org_id not in token
+        assert c.get("/ui/session").json() == {
+            "signed_in": True, "org_id": ui_proxy.org_id, "key_name": "admin", "role": "admin",
+        }  # fmt: skip
         assert c.get("/sessions").status_code == 200
 
 
@@ -112,6 +118,47 @@ def test_signing_out_clears_the_cookie(ui_proxy: ProxyHarness) -> None:
         assert error_code(missing) == AuthMissing.code
 
 
+def test_signing_out_ends_the_session_server_side(ui_proxy: ProxyHarness) -> None:
+    with browser(ui_proxy) as c:
+        sign_in(c, ui_proxy.approver_key)
+        kept = c.cookies[COOKIE_NAME]
+        assert c.get("/sessions").status_code == 200
+        c.post("/ui/logout", headers=UI).raise_for_status()
+    # Someone who copied the cookie before sign-out cannot use it after.
+    with httpx.Client(base_url=ui_proxy.url, timeout=30, cookies={COOKIE_NAME: kept}) as c:
+        replayed = c.get("/sessions")
+        assert (replayed.status_code, error_code(replayed)) == (401, AuthMissing.code)
+        assert c.get("/ui/session").json()["signed_in"] is False
+
+
+def test_an_agent_key_cannot_sign_in_to_the_dashboard(ui_proxy: ProxyHarness) -> None:
+    with browser(ui_proxy) as c:
+        refused = sign_in(c, ui_proxy.agent_key)
+        assert (refused.status_code, error_code(refused)) == (403, "forbidden")
+        assert "set-cookie" not in refused.headers
+        signed_in = sign_in(c, ui_proxy.approver_key)
+        assert signed_in.json()["role"] == "approver"
+
+
+def test_a_revoked_keys_dashboard_session_stops_working(ui_proxy: ProxyHarness) -> None:
+    async def revoke_approver() -> None:
+        store = await open_store(ui_proxy.database_url)
+        try:
+            keys = Keys(store)
+            (approver,) = [k for k in await keys.list(ui_proxy.org_id) if k.name == "approver"]
+            await keys.revoke(approver.key_id)
+        finally:
+            await store.close()
+
+    with browser(ui_proxy) as c:
+        sign_in(c, ui_proxy.approver_key).raise_for_status()
+        assert c.get("/sessions").status_code == 200
+        asyncio.run(revoke_approver())
+        ended = c.get("/sessions")  # at once: the session is checked against the store
+        assert (ended.status_code, error_code(ended)) == (401, AuthMissing.code)
+        assert c.get("/ui/session").json()["signed_in"] is False
+
+
 def test_a_cookie_state_change_needs_the_same_origin_check(ui_proxy: ProxyHarness) -> None:
     session = str(uuid.uuid4())
     with ui_proxy.client() as agent:
@@ -135,15 +182,20 @@ def test_a_cookie_state_change_needs_the_same_origin_check(ui_proxy: ProxyHarnes
         assert same_site.json()["outcome"] == "compensated"
 
 
-def test_an_expired_or_tampered_token_is_refused(ui_proxy: ProxyHarness) -> None:
+def test_an_expired_tampered_or_unknown_token_is_refused(ui_proxy: ProxyHarness) -> None:
+    with browser(ui_proxy) as c:
+        sign_in(c, ui_proxy.api_key).raise_for_status()
+        valid = c.cookies[COOKIE_NAME]
     tokens = SessionTokens(SECRET.encode(), ttl_seconds=60)
-    expired, _ = tokens.issue(ui_proxy.org_id, now=0)
-    valid, _ = tokens.issue(ui_proxy.org_id)
+    session_id = tokens.verify(valid)
+    assert session_id is not None
+    expired, _ = tokens.issue(session_id, now=0)
     head, _, tail = valid.partition(".")
-    other_org, _ = tokens.issue("org-someone-else")
-    forged_head = other_org.partition(".")[0]
-    wrong_secret, _ = SessionTokens(b"another secret").issue(ui_proxy.org_id)
+    other, _ = tokens.issue("a-session-that-was-never-started")
+    forged_head = other.partition(".")[0]
+    wrong_secret, _ = SessionTokens(b"another secret").issue(session_id)
     bad = {
+        "well signed but never started": other,
         "expired": expired,
         "tampered payload": f"{forged_head}.{tail}",
         "tampered signature": f"{head}.{tail[:-2]}AA",

@@ -117,7 +117,7 @@ def test_an_irreversible_call_appears_live_and_approving_it_shows_the_result(
     dashboard.go("#/approvals/approved")
     history = page.locator("#approval-list article.approval").filter(has_text="delete_database")
     history.wait_for()
-    assert "dashboard" in history.inner_text()
+    assert "key:admin" in history.inner_text()  # the signed-in key, never client text
 
 
 def test_rejecting_with_a_reason_and_a_decision_made_elsewhere_updates_live(
