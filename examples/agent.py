@@ -7,15 +7,18 @@ their data (IRREVERSIBLE: waits until a person approves it).
 Configuration, from the environment:
 
     UNDOLOG_PROXY_URL    the proxy (default http://localhost:8080)
-    UNDOLOG_API_KEY      an API key of the org
+    UNDOLOG_API_KEY      an `agent` key of the org (its tools registered by an admin or
+                         the config: an agent key may not register tools)
     UNDOLOG_ORG_ID       the org the key belongs to (default "demo", the org of `--demo`)
     UNDOLOG_SESSION_ID   resume this session instead of starting a new one
     AGENT_WAIT           "1": wait for the approval (asking again every retry_after seconds)
                          instead of stopping
 
-Try it with `undolog serve --demo` (it prints an API key):
+Try it with `undolog serve --demo` (it prints an agent key and an approver key, and registers
+this example's tools):
 
-    UNDOLOG_API_KEY=ul_demo_... python examples/agent.py
+    UNDOLOG_API_KEY=<agent key> python examples/agent.py
+    undolog approvals approve <printed approval id> --api-key <approver key>
 
 The first run charges the card and stops at the deletion, which awaits approval. Once it is
 approved, run it again with the session id it printed: the charge is replayed (the card is not

@@ -9,13 +9,15 @@ with the arguments and the result of the call it undoes, and the error propagate
 Configuration, from the environment:
 
     UNDOLOG_PROXY_URL    the proxy (default http://localhost:8080)
-    UNDOLOG_API_KEY      an API key of the org
+    UNDOLOG_API_KEY      an `agent` key of the org (its tools registered by an admin or
+                         the config: an agent key may not register tools)
     UNDOLOG_ORG_ID       the org the key belongs to (default "demo", the org of `--demo`)
 
-Try it with `undolog serve --demo` (it prints an API key), then look at the session:
+Try it with `undolog serve --demo` (it prints an agent key and registers this example's
+tools), then look at the session:
 
-    UNDOLOG_API_KEY=ul_demo_... python examples/rollback.py
-    undolog sessions show <printed id> --api-key ul_demo_...
+    UNDOLOG_API_KEY=<agent key> python examples/rollback.py
+    undolog sessions show <printed id> --api-key <agent key>
 """
 
 from __future__ import annotations

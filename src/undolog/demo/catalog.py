@@ -25,8 +25,15 @@ DEMO_TOOLS: dict[str, dict[str, Any]] = {
     "fail": {"tier": "compensable", "compensation": _undo("echo")},
 }
 
-# The SDK tools of `examples/agent.py`, as its decorators declare them: `serve --demo`
-# registers them, since the demo's agent key may not (only admin keys register tools).
+
+def _example_undo(fn_name: str) -> dict[str, Any]:
+    return {"fn_name": fn_name, "fn_version": "1.0.0", "args": {}, "max_retries": 3,
+            "retry_backoff_ms": 100}  # fmt: skip
+
+
+# The SDK tools of `examples/agent.py` and `examples/rollback.py`, as their decorators declare
+# them (`charge_card` as agent.py's): `serve --demo` registers them, since the demo's agent key
+# may not (only admin keys register tools).
 EXAMPLE_TOOLS: dict[str, dict[str, Any]] = {
     "search_customers": {"tier": "safe"},
     "charge_card": {
@@ -40,4 +47,6 @@ EXAMPLE_TOOLS: dict[str, dict[str, Any]] = {
         },
     },
     "delete_customer_data": {"tier": "irreversible"},
+    "reserve_seat": {"tier": "compensable", "compensation": _example_undo("release_seat")},
+    "issue_ticket": {"tier": "compensable", "compensation": _example_undo("void_ticket")},
 }
