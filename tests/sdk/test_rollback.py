@@ -432,7 +432,7 @@ async def test_a_compensation_that_never_succeeds_escalates_and_an_operator_reso
     entries = entries_by_fn(view)
     assert (entries[undo_never]["state"], entries[undo_never]["last_error"]) == (
         "resolved",
-        "recalled by hand",
+        "resolved by key:admin: recalled by hand",  # who resolved it, from the key
     )
     assert entries[undo_ok]["state"] == "compensated"
     assert effect_states(view) == {"write_ok": "compensated", "write_never": "compensated"}
