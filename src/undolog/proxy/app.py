@@ -38,6 +38,7 @@ from undolog.proxy.ui_auth import router as ui_auth_router
 from undolog.proxy.undo import router as undo_router
 from undolog.proxy.wire import error_body, json_response
 from undolog.store import Store, open_store
+from undolog.store.records import KeyRecord
 from undolog.ui import mount_ui
 from undolog_sdk.tier import ToolTier
 
@@ -257,7 +258,7 @@ def create_app(settings: Settings) -> Any:
             error_body(request.state.request_id, "invalid_request", str(exc.errors())), 400
         )
 
-    async def lookup(key_hash: str) -> Any:
+    async def lookup(key_hash: str) -> KeyRecord | None:
         return await metrics_holder["runtime"].keys.live(key_hash)
 
     async def touch(key_id: str) -> None:

@@ -75,32 +75,39 @@ class KeyResolver:
         self._lookup = lookup
         self._ttl = ttl_seconds
         self._negative_ttl = negative_ttl_seconds
-        self._cache: dict[str, tuple[float, KeyRecord | None]] = {}
+        # key hash → (expiry, record, its principal): the principal is built once per lookup
+        self._cache: dict[str, tuple[float, KeyRecord | None, Principal | None]] = {}
         self._touch = touch
         self._touch_interval = touch_interval_seconds
         self._touched: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def record_for_key(self, key: str) -> KeyRecord | None:
+    async def _resolve(self, key: str) -> tuple[KeyRecord | None, Principal | None]:
         key_hash = hash_api_key(key)
         now = time.monotonic()
         cached = self._cache.get(key_hash)
         if cached is not None and cached[0] > now:
-            record = cached[1]
+            _, record, principal = cached
         else:
             record = await self._lookup(key_hash)
-            self._cache[key_hash] = (now + (self._ttl if record else self._negative_ttl), record)
+            principal = None
+            if record is not None:
+                principal = Principal(record.org_id, record.key_id, record.name, Role(record.role))
+            expiry = now + (self._ttl if record else self._negative_ttl)
+            self._cache[key_hash] = (expiry, record, principal)
             if len(self._cache) > 10_000:  # bounded: unknown keys must not grow it forever
                 self._cache.clear()
         if record is not None:
             self._note_use(record.key_id, now)
-        return record
+        return record, principal
+
+    async def record_for_key(self, key: str) -> KeyRecord | None:
+        """The key's live record (None: unknown or revoked)."""
+        return (await self._resolve(key))[0]
 
     async def principal_for_key(self, key: str) -> Principal | None:
-        record = await self.record_for_key(key)
-        if record is None:
-            return None
-        return Principal(record.org_id, record.key_id, record.name, Role(record.role))
+        """Who the key speaks for (None: unknown or revoked)."""
+        return (await self._resolve(key))[1]
 
     def _note_use(self, key_id: str, now: float) -> None:
         if self._touch is None or now - self._touched.get(key_id, -1e18) < self._touch_interval:
