@@ -13,6 +13,7 @@ from undolog.config import (
     DEFAULT_DATABASE_URL,
     DEFAULT_LEASE_SECONDS,
     DEFAULT_PORT,
+    KeyConfig,
     OrgConfig,
     Settings,
     ToolConfig,
@@ -148,6 +149,22 @@ def test_plain_api_keys_are_hashed_on_load_and_not_kept(write_toml: WriteToml) -
     assert "ul_plain_secret_key" not in repr(settings)
 
 
+def test_named_keys_carry_a_role_and_are_hashed_on_load(write_toml: WriteToml) -> None:
+    digest = sha256("ul_approver")
+    config = write_toml(
+        "[[orgs]]\nid = 'acme'\n"
+        "[[orgs.keys]]\nname = 'bot'\nrole = 'agent'\nkey = 'ul_agent'\n"
+        f"[[orgs.keys]]\nname = 'alice'\nrole = 'approver'\nsha256 = '{digest.upper()}'\n"
+    )
+    settings = load(config)
+    (acme,) = settings.orgs
+    assert acme.keys == (
+        KeyConfig(name="bot", role="agent", key_hash=sha256("ul_agent")),
+        KeyConfig(name="alice", role="approver", key_hash=digest),
+    )
+    assert "ul_agent" not in repr(settings)
+
+
 def test_tools_are_read_from_toml(write_toml: WriteToml) -> None:
     config = write_toml(
         """
@@ -194,6 +211,18 @@ BAD_TOML = {
     "an org with an unknown key": "[[orgs]]\nid = 'a'\napi_key = 'k'\n",
     "api_keys as a bare string": "[[orgs]]\nid = 'a'\napi_keys = 'secret'\n",
     "an api_key_sha256 that is no digest": "[[orgs]]\nid = 'a'\napi_key_sha256 = ['abc']\n",
+    "a key with an unknown role": (
+        "[[orgs]]\nid = 'a'\n[[orgs.keys]]\nname = 'n'\nrole = 'root'\nkey = 'k'\n"
+    ),
+    "a key with both key and sha256": (
+        "[[orgs]]\nid = 'a'\n[[orgs.keys]]\nname = 'n'\nrole = 'agent'\nkey = 'k'\n"
+        f"sha256 = '{'0' * 64}'\n"
+    ),
+    "a key without a name": "[[orgs]]\nid = 'a'\n[[orgs.keys]]\nrole = 'agent'\nkey = 'k'\n",
+    "one key in two orgs": (
+        "[[orgs]]\nid = 'a'\napi_keys = ['k']\n"
+        "[[orgs]]\nid = 'b'\n[[orgs.keys]]\nname = 'n'\nrole = 'admin'\nkey = 'k'\n"
+    ),
     "an approval timeout that is text": "[[orgs]]\nid = 'a'\napproval_timeout_seconds = '1h'\n",
     "auto-approve as text": "[[orgs]]\nid = 'a'\nauto_approve_on_timeout = 'false'\n",
     "orgs as a table": "[orgs]\nid = 'a'\n",
