@@ -56,16 +56,18 @@ async def self_contained() -> AsyncIterator[tuple[str, str]]:
     from undolog.proxy import create_app
 
     key = "ul_demo_" + secrets.token_urlsafe(18)
+    upstream_secret = secrets.token_urlsafe(32)  # the tools verify what the proxy signs
     tools_port, proxy_port = _free_port(), _free_port()
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(
             database_url=f"sqlite:///{Path(tmp) / 'demo.db'}",
             upstream_url=f"http://127.0.0.1:{tools_port}",
+            upstream_secret=upstream_secret,
             log_level="error",
             orgs=(OrgConfig(org_id="demo", api_key_hashes=(hash_api_key(key),)),),
         )
         servers = [
-            await _start(create_demo_tools_app(), tools_port),
+            await _start(create_demo_tools_app(secret=upstream_secret), tools_port),
             await _start(create_app(settings), proxy_port),
         ]
         try:
