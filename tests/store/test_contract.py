@@ -193,7 +193,7 @@ async def test_tools_are_upserted_read_back_and_listed_by_name_per_org(store: St
         await q.upsert_tool(make_tool(org, "delete_database", tier="irreversible"))
         await q.upsert_tool(make_tool(other, "search_web", tier="safe"))
     replaced = ToolRecord(
-        org, "send_email", "irreversible", "2.0.0", None, True, "http://x", NOW + 1
+        org, "send_email", "irreversible", "2.0.0", None, True, "billing", NOW + 1
     )
     async with store.transaction() as q:
         await q.upsert_tool(replaced)
