@@ -422,7 +422,7 @@ def test_the_demo_tool_server_rejects_forged_or_absent_signatures_with_401(
         "org swapped after signing": {**good, ORG_HEADER: "beta"},
         "stale timestamp": signed_headers(secret, "acme", effect, now=time.time() - 3600),
         "timestamp changed after signing": {**good, TIMESTAMP_HEADER: str(int(time.time()) + 1)},
-        "non-ASCII digits": {**good, TIMESTAMP_HEADER: "²"},
+        "a timestamp that is no number": {**good, TIMESTAMP_HEADER: "-1e9"},
     }
     for case, headers in forged.items():
         with subtests.test(case):

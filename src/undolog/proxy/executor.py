@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 import structlog
+import yarl
 
 from undolog.upstreams import UpstreamRegistry, signed_headers, tool_url
 
@@ -133,7 +134,11 @@ class ToolExecutor:
         log = _log.bind(upstream=target.name, tool=tool_name, effect_id=effect_id)
         try:
             async with self._session.post(
-                tool_url(target.url, tool_name), data=body, headers=headers, allow_redirects=False
+                # encoded=True: sent as built, the name's percent-encoding kept as it is.
+                yarl.URL(tool_url(target.url, tool_name), encoded=True),
+                data=body,
+                headers=headers,
+                allow_redirects=False,
             ) as response:
                 raw = await response.read()
                 status = response.status
