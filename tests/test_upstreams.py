@@ -43,6 +43,7 @@ def test_plain_http_base_urls_are_accepted(url: str) -> None:
         "http://h:port/",
         "http:///x",
         "http://h/\nx",
+        "http://bücher.example/",
     ],
 )
 def test_urls_that_could_redirect_a_call_are_refused(url: str) -> None:

@@ -96,6 +96,9 @@ def check_upstream_url(url: str) -> str | None:
         return "must not have a query (?) or fragment (#)"
     if any(c.isspace() or ord(c) < 0x20 for c in url):
         return "must not contain spaces or control characters"
+    if not url.isascii():
+        # Sent as written (the tool name is the only part the proxy encodes).
+        return "must be ASCII (punycode the host, percent-encode the path)"
     return None
 
 
