@@ -136,6 +136,9 @@ def test_serve_demo_prints_an_agent_key_that_works_end_to_end(
     assert response.json()["result"]["success"] is True
     counters = httpx.get(f"http://127.0.0.1:{tools_port}/counters/send_email", timeout=10)
     assert counters.json() == {response.json()["effect_id"]: 1}
+    # The demo tools verify what the proxy signs: an unsigned call is refused.
+    unsigned = httpx.post(f"http://127.0.0.1:{tools_port}/tools/echo", json={"args": {}})
+    assert unsigned.status_code == 401
     assert tool_call(server.url, "ul_wrong", "send_email", {}).status_code == 403
 
     server.stop()
@@ -149,14 +152,20 @@ def test_serve_with_a_config_file_serves_its_orgs_and_tools(
 ) -> None:
     tools_port = free_port()
     tools_command = undolog_command("demo-tools", "--port", str(tools_port))
-    tools = start(servers, ProcessServer(tools_command, clean_env(), tools_port))
+    secret = {"UNDOLOG_DEMO_TOOLS_SECRET": "shared-" + uuid.uuid4().hex}
+    tools = start(servers, ProcessServer(tools_command, {**clean_env(), **secret}, tools_port))
     api_key = "ul_cli_" + uuid.uuid4().hex
     config = tmp_path / "undolog.toml"
     config.write_text(
         f"""
 [server]
 database_url = "sqlite:///{tmp_path / "c.db"}"
-upstream_url = "{tools.url}"
+
+[[upstreams]]
+name = "tools"
+url = "{tools.url}"
+secret_env = "TOOLS_SECRET"
+orgs = ["acme"]
 
 [[orgs]]
 id = "acme"
@@ -170,6 +179,7 @@ org = "acme"
 name = "echo"
 tier = "compensable"
 compensation = {{ fn_name = "echo" }}
+upstream = "tools"
 """,
         encoding="utf-8",
     )
@@ -178,13 +188,19 @@ compensation = {{ fn_name = "echo" }}
         servers,
         ProcessServer(
             undolog_command("serve", "--config", str(config), "--port", str(proxy_port)),
-            {**clean_env(), "UNDOLOG_LOG_LEVEL": "warning"},
+            {
+                **clean_env(),
+                "UNDOLOG_LOG_LEVEL": "warning",
+                "TOOLS_SECRET": secret["UNDOLOG_DEMO_TOOLS_SECRET"],
+            },
             proxy_port,
         ),
     )
     response = tool_call(server.url, api_key, "echo", {"hello": "world"})
     assert response.status_code == 200, response.text
     assert response.json()["result"]["output"] == {"hello": "world"}
+    calls = httpx.get(f"{tools.url}/calls", timeout=10).json()
+    assert [(c["tool"], c["org"]) for c in calls] == [("echo", "acme")]
 
 
 @pytest.mark.parametrize(
@@ -270,3 +286,11 @@ def test_serve_demo_prints_an_approver_key_and_revokes_the_previous_demo_keys(
         f"{second.url}/approvals/{approval_id}", headers={"X-Api-Key": agent}, timeout=10
     ).json()
     assert record["decided_by"] == "key:demo-approver"
+def test_demo_tools_with_a_secret_refuses_unsigned_calls(servers: list[ProcessServer]) -> None:
+    port = free_port()
+    command = undolog_command("demo-tools", "--port", str(port), "--secret", "s3")
+    server = start(servers, ProcessServer(command, {}, port))
+    unsigned = httpx.post(f"{server.url}/tools/echo", json={"args": {"x": 1}}, timeout=10)
+    assert unsigned.status_code == 401
+    assert unsigned.json()["success"] is False
+    assert httpx.get(f"{server.url}/calls", timeout=10).json() == []

@@ -17,6 +17,7 @@ from undolog.config import (
     OrgConfig,
     Settings,
     ToolConfig,
+    UpstreamConfig,
     load_settings,
 )
 
@@ -174,8 +175,12 @@ name = "send_email"
 tier = "compensable"
 version = "2.0.0"
 idempotent_upstream = true
-upstream_url = "http://mail:9000"
+upstream = "mail"
 compensation = { fn_name = "undo_send_email", max_retries = 5 }
+
+[[upstreams]]
+name = "mail"
+url = "http://mail:9000"
 
 [[tools]]
 org = "acme"
@@ -191,7 +196,7 @@ tier = "safe"
         version="2.0.0",
         compensation={"fn_name": "undo_send_email", "max_retries": 5},
         idempotent_upstream=True,
-        upstream_url="http://mail:9000",
+        upstream="mail",
     )
     assert search == ToolConfig(org_id="acme", name="search_web", tier="safe")
 
@@ -234,6 +239,20 @@ BAD_TOML = {
     "idempotent_upstream as text": (
         "[[tools]]\norg = 'a'\nname = 't'\ntier = 'safe'\nidempotent_upstream = 'no'\n"
     ),
+    "a tool name with a slash": "[[tools]]\norg = 'a'\nname = 'a/b'\ntier = 'safe'\n",
+    "a tool named ..": "[[tools]]\norg = 'a'\nname = '..'\ntier = 'safe'\n",
+    "a tool upstream that is no string": (
+        "[[tools]]\norg = 'a'\nname = 't'\ntier = 'safe'\nupstream = 1\n"
+    ),
+    "upstreams as a table": "[upstreams]\nname = 'a'\n",
+    "an upstream without url": "[[upstreams]]\nname = 'a'\n",
+    "an upstream with an unknown key": "[[upstreams]]\nname = 'a'\nurl = 'http://a'\nhost = 'a'\n",
+    "an upstream orgs as a bare string": (
+        "[[upstreams]]\nname = 'a'\nurl = 'http://a'\norgs = 'acme'\n"
+    ),
+    "an upstream with secret and secret_env": (
+        "[[upstreams]]\nname = 'a'\nurl = 'http://a'\nsecret = 's'\nsecret_env = 'S'\n"
+    ),
 }
 
 
@@ -269,3 +288,135 @@ def test_an_unsupported_database_url_is_a_value_error_that_hides_the_password() 
     with pytest.raises(ValueError) as raised:
         load(database_url="mysql://root:hunter2@db/undolog")
     assert "hunter2" not in str(raised.value)
+
+
+# --- upstreams ---------------------------------------------------------------------------
+
+UPSTREAMS_TOML = """
+[[upstreams]]
+name = "billing"
+url = "https://billing.internal:8443/v2/"
+secret = "s3cret-billing"
+orgs = ["acme"]
+
+[[upstreams]]
+name = "shared"
+url = "http://tools:8090"
+secret_env = "SHARED_TOOLS_SECRET"
+
+[[tools]]
+org = "acme"
+name = "refund"
+tier = "irreversible"
+upstream = "billing"
+
+[[tools]]
+org = "beta"
+name = "lookup"
+tier = "safe"
+upstream = "shared"
+"""
+
+
+def test_upstreams_are_read_with_their_secrets_and_orgs(write_toml: WriteToml) -> None:
+    config = write_toml(UPSTREAMS_TOML)
+    settings = load(config, env={"SHARED_TOOLS_SECRET": "from-env"})
+    assert settings.upstreams == (
+        UpstreamConfig("billing", "https://billing.internal:8443/v2/", "s3cret-billing", ("acme",)),
+        UpstreamConfig("shared", "http://tools:8090", "from-env", ()),
+    )
+    assert [t.upstream for t in settings.tools] == ["billing", "shared"]
+    assert "s3cret-billing" not in repr(settings)
+    assert "from-env" not in repr(settings)
+
+
+def test_the_default_upstream_secret_comes_from_env_and_is_not_shown() -> None:
+    settings = load(env={"UNDOLOG_UPSTREAM_SECRET": "dflt-secret"})
+    assert settings.upstream_secret == "dflt-secret"
+    assert "dflt-secret" not in repr(settings)
+
+
+def test_an_upstream_whose_secret_env_is_unset_is_an_error_naming_the_key(
+    write_toml: WriteToml,
+) -> None:
+    config = write_toml(UPSTREAMS_TOML)
+    with pytest.raises(ValueError, match=r"upstreams\[1\]\.secret_env.*SHARED_TOOLS_SECRET"):
+        load(config)
+
+
+BAD_UPSTREAM_URLS = {
+    "no scheme": "127.0.0.1:8090",
+    "a file URL": "file:///etc/passwd",
+    "a gopher URL": "gopher://127.0.0.1:6379/_",
+    "user and password": "http://user:pw@127.0.0.1:8090",
+    "a user only": "http://admin@tools",
+    "a query": "http://127.0.0.1:9090/metrics?",
+    "a query with text": "http://tools/x?y=1",
+    "a fragment": "http://127.0.0.1:9090/anything#",
+    "no host": "http:///tools",
+    "a port that is no number": "http://tools:eighty",
+    "a space": "http://tools /x",
+}
+
+
+@pytest.mark.parametrize("url", BAD_UPSTREAM_URLS.values(), ids=BAD_UPSTREAM_URLS.keys())
+def test_a_bad_upstream_url_is_refused_at_load_naming_the_key(
+    write_toml: WriteToml, url: str
+) -> None:
+    config = write_toml(f"[[upstreams]]\nname = 'u'\nurl = '{url}'\nsecret = 'x'\n")
+    with pytest.raises(ValueError, match=r"upstreams\[0\]\.url") as raised:
+        load(config)
+    assert "pw" not in str(raised.value)
+
+
+@pytest.mark.parametrize("url", BAD_UPSTREAM_URLS.values(), ids=BAD_UPSTREAM_URLS.keys())
+def test_a_bad_upstream_url_setting_is_refused_without_echoing_it(url: str) -> None:
+    with pytest.raises(ValueError, match="upstream_url") as raised:
+        load(upstream_url=url)
+    assert url not in str(raised.value)
+
+
+def test_a_tool_with_an_upstream_url_is_refused_with_how_to_name_one(
+    write_toml: WriteToml,
+) -> None:
+    config = write_toml(
+        "[[tools]]\norg = 'a'\nname = 't'\ntier = 'safe'\nupstream_url = 'http://x'\n"
+    )
+    with pytest.raises(ValueError, match=r"upstream_url is no longer accepted.*\[\[upstreams\]\]"):
+        load(config)
+
+
+def test_a_tool_naming_an_unknown_upstream_is_refused(write_toml: WriteToml) -> None:
+    config = write_toml("[[tools]]\norg = 'a'\nname = 't'\ntier = 'safe'\nupstream = 'nope'\n")
+    with pytest.raises(ValueError, match=r"tools\[0\]\.upstream: no upstream named 'nope'"):
+        load(config)
+
+
+def test_a_tool_naming_an_upstream_closed_to_its_org_is_refused(write_toml: WriteToml) -> None:
+    config = write_toml(UPSTREAMS_TOML.replace('upstream = "shared"', 'upstream = "billing"'))
+    with pytest.raises(
+        ValueError, match=r"tools\[1\]\.upstream: .*'billing' is not open to org 'beta'"
+    ):
+        load(config, env={"SHARED_TOOLS_SECRET": "x"})
+
+
+def test_an_upstream_may_not_take_the_default_name(write_toml: WriteToml) -> None:
+    config = write_toml("[[upstreams]]\nname = 'default'\nurl = 'http://x'\n")
+    with pytest.raises(ValueError, match=r"upstreams\[0\]\.name"):
+        load(config)
+
+
+def test_an_upstream_declared_twice_is_refused(write_toml: WriteToml) -> None:
+    config = write_toml(
+        "[[upstreams]]\nname = 'a'\nurl = 'http://x'\n[[upstreams]]\nname = 'a'\nurl = 'http://y'\n"
+    )
+    with pytest.raises(ValueError, match="declared twice"):
+        load(config)
+
+
+def test_tool_names_in_the_mcp_gateway_style_are_accepted(write_toml: WriteToml) -> None:
+    config = write_toml(
+        "[[tools]]\norg = 'a'\nname = 'git.git_create_branch'\ntier = 'safe'\n"
+        "[[tools]]\norg = 'a'\nname = 'ns:tool-v2'\ntier = 'safe'\n"
+    )
+    assert [t.name for t in load(config).tools] == ["git.git_create_branch", "ns:tool-v2"]

@@ -49,7 +49,11 @@ def serve(
     ),
     host: str = typer.Option(None, help="Address to bind (env UNDOLOG_HOST; default 127.0.0.1)"),
     port: int = typer.Option(None, help="Port (env UNDOLOG_PORT; default 8080)"),
-    upstream_url: str = typer.Option(None, help="Tool server base URL (env UNDOLOG_UPSTREAM_URL)"),
+    upstream_url: str = typer.Option(
+        None,
+        help="Base URL of the tool server named 'default' (env UNDOLOG_UPSTREAM_URL; "
+        "its signing secret: env UNDOLOG_UPSTREAM_SECRET)",
+    ),
     upstream_timeout_seconds: float = typer.Option(None, help="Upstream call timeout"),
     lease_seconds: float = typer.Option(None, help="Execution lease before a call is in doubt"),
     lock_max_attempts: int = typer.Option(None, help="Advisory lock attempts (PostgreSQL)"),
@@ -77,13 +81,20 @@ def serve(
 ) -> None:
     """Run the proxy and engine in one process (SQLite by default)."""
     flags = {k: v for k, v in locals().items() if k not in ("demo", "demo_tools_port")}
+    demo_secret = None
     if demo and upstream_url is None:
         flags["upstream_url"] = f"http://127.0.0.1:{demo_tools_port}"
+        # The demo tool server and the proxy share a fresh secret, so the demo's calls are
+        # signed and verified as a real deployment's should be.
+        demo_secret = secrets.token_urlsafe(32)
+        flags["upstream_secret"] = demo_secret
     settings = _settings(**flags)
-    _run(_serve(settings, demo=demo, demo_tools_port=demo_tools_port))
+    _run(_serve(settings, demo=demo, demo_tools_port=demo_tools_port, demo_secret=demo_secret))
 
 
-async def _serve(settings: Settings, *, demo: bool, demo_tools_port: int) -> None:
+async def _serve(
+    settings: Settings, *, demo: bool, demo_tools_port: int, demo_secret: str | None = None
+) -> None:
     from undolog.logs import configure_logging
     from undolog.proxy import create_app
 
@@ -93,7 +104,9 @@ async def _serve(settings: Settings, *, demo: bool, demo_tools_port: int) -> Non
         from undolog.demo.tools import run_demo_tools
 
         await _seed_demo(settings)
-        tasks.append(asyncio.create_task(run_demo_tools(DEFAULT_HOST, demo_tools_port)))
+        tasks.append(
+            asyncio.create_task(run_demo_tools(DEFAULT_HOST, demo_tools_port, secret=demo_secret))
+        )
     config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
@@ -172,11 +185,17 @@ def migrate(
 def demo_tools(
     host: str = typer.Option(DEFAULT_HOST, help="Address to bind"),
     port: int = typer.Option(DEMO_TOOLS_PORT, help="Port"),
+    secret: str = typer.Option(
+        None,
+        envvar="UNDOLOG_DEMO_TOOLS_SECRET",
+        help="Upstream secret: answer 401 to calls whose X-UndoLog-Signature does not verify "
+        "(env UNDOLOG_DEMO_TOOLS_SECRET; default: trust X-UndoLog-Org as sent)",
+    ),
 ) -> None:
     """Run the demo tool server (the upstream of the demo and the tests)."""
     from undolog.demo.tools import run_demo_tools
 
-    _run(run_demo_tools(host, port))
+    _run(run_demo_tools(host, port, secret=secret))
 
 
 @app.command()

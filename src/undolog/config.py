@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from undolog.mcp.config import McpSettings, parse_mcp_settings
+from undolog.upstreams import DEFAULT_UPSTREAM, check_tool_name, check_upstream_url
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -24,6 +25,7 @@ __all__ = [
     "OrgConfig",
     "Settings",
     "ToolConfig",
+    "UpstreamConfig",
     "hash_api_key",
     "load_settings",
 ]
@@ -85,7 +87,22 @@ class ToolConfig:
     version: str = "1.0.0"
     compensation: Mapping[str, Any] | None = None
     idempotent_upstream: bool = False
-    upstream_url: str | None = None
+    upstream: str | None = None  # a configured upstream's name; None: `default`
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    """A tool server declared in `[[upstreams]]`: where tools naming it are called.
+
+    `secret` signs the org header of every call (read from the env var `secret_env` names,
+    when that is how the file gives it); None: a random one per process. `orgs` empty: every
+    org may use it.
+    """
+
+    name: str
+    url: str
+    secret: str | None = dataclasses.field(default=None, repr=False)
+    orgs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,7 +110,9 @@ class Settings:
     database_url: str = DEFAULT_DATABASE_URL
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
-    upstream_url: str = DEFAULT_UPSTREAM_URL
+    upstream_url: str = DEFAULT_UPSTREAM_URL  # the upstream named `default`
+    # Signs calls to `default` (env UNDOLOG_UPSTREAM_SECRET); None: random per process.
+    upstream_secret: str | None = dataclasses.field(default=None, repr=False)
     upstream_timeout_seconds: float = DEFAULT_UPSTREAM_TIMEOUT_SECONDS
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     lock_max_attempts: int = DEFAULT_LOCK_MAX_ATTEMPTS
@@ -108,16 +127,19 @@ class Settings:
     config: str | None = None
     orgs: tuple[OrgConfig, ...] = ()
     tools: tuple[ToolConfig, ...] = ()
+    upstreams: tuple[UpstreamConfig, ...] = ()  # the [[upstreams]] tables
     mcp: McpSettings = dataclasses.field(default_factory=McpSettings)  # the [mcp] table
 
 
 # Fields that can be set by flag / env var / the [server] table of the TOML file.
 SCALAR_FIELDS = tuple(
-    f.name for f in dataclasses.fields(Settings) if f.name not in {"orgs", "tools", "mcp"}
+    f.name
+    for f in dataclasses.fields(Settings)
+    if f.name not in {"orgs", "tools", "upstreams", "mcp"}
 )
 
 
-_TOP_LEVEL_KEYS = frozenset({"server", "orgs", "tools", "mcp"})
+_TOP_LEVEL_KEYS = frozenset({"server", "orgs", "tools", "upstreams", "mcp"})
 _ORG_KEYS = frozenset(
     {
         "id",
@@ -130,10 +152,11 @@ _ORG_KEYS = frozenset(
     }
 )
 _TOOL_KEYS = frozenset(
-    {"org", "name", "tier", "version", "compensation", "idempotent_upstream", "upstream_url"}
+    {"org", "name", "tier", "version", "compensation", "idempotent_upstream", "upstream"}
 )
 _KEY_KEYS = frozenset({"name", "role", "key", "sha256"})
 _ROLES = ("agent", "approver", "admin")
+_UPSTREAM_KEYS = frozenset({"name", "url", "secret", "secret_env", "orgs"})
 _TIERS = ("safe", "compensable", "irreversible")
 _DATABASE_SCHEMES = ("sqlite", "postgres", "postgresql")
 _SHA256_HEX = frozenset("0123456789abcdef")
@@ -245,7 +268,15 @@ def _tools_from_toml(data: Mapping[str, Any]) -> tuple[ToolConfig, ...]:
     tools = []
     for n, item in enumerate(_tables(data, "tools")):
         where = f"tools[{n}]"
+        if "upstream_url" in item:
+            raise ValueError(
+                f"{where}.upstream_url is no longer accepted: declare the tool server in "
+                '[[upstreams]] and name it with `upstream = "name"`'
+            )
         _checked(where, item, _TOOL_KEYS, "org", "name", "tier")
+        name_problem = check_tool_name(item["name"])
+        if name_problem:
+            raise ValueError(f"{where}.name: {name_problem}")
         if item["tier"] not in _TIERS:
             raise ValueError(f"{where}.tier: expected one of {', '.join(_TIERS)}")
         compensation = item.get("compensation")
@@ -253,9 +284,9 @@ def _tools_from_toml(data: Mapping[str, Any]) -> tuple[ToolConfig, ...]:
             _typed(f"{where}.compensation", compensation, dict)
         if item["tier"] == "compensable" and compensation is None:
             raise ValueError(f"{where}: a compensable tool needs a compensation")
-        upstream_url = item.get("upstream_url")
-        if upstream_url is not None:
-            _typed(f"{where}.upstream_url", upstream_url, str)
+        upstream = item.get("upstream")
+        if upstream is not None:
+            _typed(f"{where}.upstream", upstream, str)
         tools.append(
             ToolConfig(
                 org_id=item["org"],
@@ -266,10 +297,63 @@ def _tools_from_toml(data: Mapping[str, Any]) -> tuple[ToolConfig, ...]:
                 idempotent_upstream=_typed(
                     f"{where}.idempotent_upstream", item.get("idempotent_upstream", False), bool
                 ),
-                upstream_url=upstream_url,
+                upstream=upstream,
             )
         )
     return tuple(tools)
+
+
+def _upstreams_from_toml(
+    data: Mapping[str, Any], env: Mapping[str, str]
+) -> tuple[UpstreamConfig, ...]:
+    upstreams: list[UpstreamConfig] = []
+    for n, item in enumerate(_tables(data, "upstreams")):
+        where = f"upstreams[{n}]"
+        _checked(where, item, _UPSTREAM_KEYS, "name", "url")
+        name, url = item["name"], item["url"]
+        if name == DEFAULT_UPSTREAM:
+            raise ValueError(
+                f"{where}.name: {DEFAULT_UPSTREAM!r} is the upstream of --upstream-url "
+                "(UNDOLOG_UPSTREAM_URL, secret UNDOLOG_UPSTREAM_SECRET); pick another name"
+            )
+        if any(u.name == name for u in upstreams):
+            raise ValueError(f"{where}.name: upstream {name!r} is declared twice")
+        problem = check_upstream_url(url)
+        if problem:
+            raise ValueError(f"{where}.url {problem}")
+        if "secret" in item and "secret_env" in item:
+            raise ValueError(f"{where}: give secret or secret_env, not both")
+        secret = item.get("secret")
+        if secret is not None and (not isinstance(secret, str) or not secret):
+            raise ValueError(f"{where}.secret: expected a non-empty string")
+        if "secret_env" in item:
+            var = item["secret_env"]
+            if not isinstance(var, str) or not var:
+                raise ValueError(f"{where}.secret_env: expected the name of an env var")
+            secret = env.get(var)
+            if not secret:
+                raise ValueError(f"{where}.secret_env: env var {var} is not set")
+        orgs = _key_list(f"{where}.orgs", item.get("orgs", []))
+        upstreams.append(UpstreamConfig(name, url, secret, tuple(orgs)))
+    return tuple(upstreams)
+
+
+def _check_tool_upstreams(
+    tools: tuple[ToolConfig, ...], upstreams: tuple[UpstreamConfig, ...]
+) -> None:
+    """Every `[[tools]] upstream` names a configured upstream that lets the tool's org in."""
+    by_name = {u.name: u for u in upstreams}
+    for n, tool in enumerate(tools):
+        if tool.upstream is None or tool.upstream == DEFAULT_UPSTREAM:
+            continue
+        upstream = by_name.get(tool.upstream)
+        if upstream is None:
+            raise ValueError(f"tools[{n}].upstream: no upstream named {tool.upstream!r}")
+        if upstream.orgs and tool.org_id not in upstream.orgs:
+            raise ValueError(
+                f"tools[{n}].upstream: upstream {tool.upstream!r} is not open to org "
+                f"{tool.org_id!r} (its orgs: {', '.join(upstream.orgs)})"
+            )
 
 
 def load_settings(
@@ -279,8 +363,9 @@ def load_settings(
     """Merge defaults, the TOML file, `UNDOLOG_*` env vars and flags (highest wins).
 
     Flags whose value is None count as not given. The TOML file is named by the `config`
-    flag or `UNDOLOG_CONFIG`; its `[server]` table holds scalar settings, `[[orgs]]` and
-    `[[tools]]` arrays declare orgs and tools, the `[mcp]` table the MCP gateway's upstream
+    flag or `UNDOLOG_CONFIG`; its `[server]` table holds scalar settings, `[[orgs]]`,
+    `[[tools]]` and `[[upstreams]]` arrays declare orgs, tools and named tool servers
+    (`undolog.upstreams`), the `[mcp]` table the MCP gateway's upstream
     servers (`undolog.mcp.config`).
     """
     flags = {k: v for k, v in (flags or {}).items() if v is not None}
@@ -289,6 +374,7 @@ def load_settings(
     config_path = flags.get("config") or env.get("UNDOLOG_CONFIG")
     orgs: tuple[OrgConfig, ...] = ()
     tools: tuple[ToolConfig, ...] = ()
+    upstreams: tuple[UpstreamConfig, ...] = ()
     mcp = McpSettings()
     if config_path:
         try:
@@ -308,6 +394,8 @@ def load_settings(
                 values[key] = _coerce(key, raw)
             orgs = _orgs_from_toml(data)
             tools = _tools_from_toml(data)
+            upstreams = _upstreams_from_toml(data, env)
+            _check_tool_upstreams(tools, upstreams)
             mcp = parse_mcp_settings(data.get("mcp"))
         except ValueError as exc:
             raise ValueError(f"config file {config_path}: {exc}") from None
@@ -319,7 +407,11 @@ def load_settings(
     for name, raw in flags.items():
         if name in SCALAR_FIELDS:
             values[name] = _coerce(name, raw)
-    settings = Settings(**values, orgs=orgs, tools=tools, mcp=mcp)
+    settings = Settings(**values, orgs=orgs, tools=tools, upstreams=upstreams, mcp=mcp)
+    problem = check_upstream_url(settings.upstream_url)
+    if problem:
+        # The URL itself is not echoed: it could carry a password.
+        raise ValueError(f"setting 'upstream_url' {problem}")
     scheme = settings.database_url.partition("://")[0].lower()
     if scheme not in _DATABASE_SCHEMES or "://" not in settings.database_url:
         # Only the scheme is echoed: the rest of the URL may hold a password.

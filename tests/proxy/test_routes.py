@@ -48,8 +48,9 @@ BAD_TOOLS = {
     "an unknown field": {"tier": "safe", "owner": "me"},
     "a version that is no string": {"tier": "safe", "version": None},
     "idempotent_upstream that is no boolean": {"tier": "safe", "idempotent_upstream": "false"},
-    "an upstream_url that is no string": {"tier": "safe", "upstream_url": 8090},
-    "an upstream_url that is no http URL": {"tier": "safe", "upstream_url": "file:///etc"},
+    "an upstream_url (no longer accepted)": {"tier": "safe", "upstream_url": "http://x"},
+    "an upstream that is no string": {"tier": "safe", "upstream": 8090},
+    "an upstream nobody configured": {"tier": "safe", "upstream": "elsewhere"},
 }
 
 
@@ -78,7 +79,7 @@ def test_registered_tools_are_listed_with_their_settings(proxy: ProxyHarness) ->
                 "version": "2.1.0",
                 "compensation": {**UNDO, "args": {"reason": "undo"}},
                 "idempotent_upstream": True,
-                "upstream_url": "http://127.0.0.1:9",
+                "upstream": "default",
             },
         )
         assert put.status_code == 200, put.text
@@ -91,7 +92,7 @@ def test_registered_tools_are_listed_with_their_settings(proxy: ProxyHarness) ->
     assert refund["compensation"]["fn_name"] == "undo_it"
     assert refund["compensation"]["args"] == {"reason": "undo"}
     assert refund["idempotent_upstream"] is True
-    assert refund["upstream_url"] == "http://127.0.0.1:9"
+    assert refund["upstream"] == "default"
     assert tools["lookup"]["tier"] == "safe"
     assert tools["lookup"]["compensation"] is None
     assert {"send_email", "delete_database", "search_web"} <= set(tools)

@@ -14,6 +14,7 @@ import httpx
 
 from tests.proxy.conftest import ProxyHarness
 from tests.support.servers import free_port
+from undolog.config import UpstreamConfig
 from undolog.demo.catalog import DEMO_TOOLS
 
 TOOL_CALL = "/mcp/tool_call"
@@ -156,18 +157,25 @@ def test_insufficient_funds_is_a_logical_failure_that_replays(proxy: ProxyHarnes
 # --- transport failures ------------------------------------------------------------------
 
 
-def point_tool_at(c: httpx.Client, tool: str, upstream_url: str | None) -> None:
-    """Re-register a demo tool with its own upstream (None: back to the proxy's default)."""
-    spec = {**DEMO_TOOLS[tool], "upstream_url": upstream_url}
+def point_tool_at(c: httpx.Client, tool: str, upstream: str | None) -> None:
+    """Re-register a demo tool with a configured upstream (None: back to `default`)."""
+    spec = {**DEMO_TOOLS[tool], "upstream": upstream}
     c.put(f"/tools/{tool}", json=spec).raise_for_status()
 
 
+def with_dead_upstream(proxy_factory: Any) -> ProxyHarness:
+    """A proxy whose config also names `dead`: an upstream on a port nobody listens on."""
+    harness: ProxyHarness = proxy_factory(upstreams=(UpstreamConfig("dead", closed_port_url()),))
+    return harness
+
+
 def test_an_unreachable_upstream_is_a_tool_error_and_a_retry_is_a_new_attempt(
-    proxy: ProxyHarness,
+    proxy_factory: Any,
 ) -> None:
+    proxy = with_dead_upstream(proxy_factory)
     session = new_session()
     with proxy.client() as c:
-        point_tool_at(c, "send_email", closed_port_url())
+        point_tool_at(c, "send_email", "dead")
         first = call(c, session, "send_email", EMAIL, step=1)
         assert first.status_code == 502
         assert first.json()["code"] == "tool_error"
@@ -189,11 +197,12 @@ def test_an_unreachable_upstream_is_a_tool_error_and_a_retry_is_a_new_attempt(
 
 
 def test_a_failed_call_retried_against_a_healthy_upstream_commits_on_the_same_effect(
-    proxy: ProxyHarness,
+    proxy_factory: Any,
 ) -> None:
+    proxy = with_dead_upstream(proxy_factory)
     session = new_session()
     with proxy.client() as c:
-        point_tool_at(c, "send_email", closed_port_url())
+        point_tool_at(c, "send_email", "dead")
         assert call(c, session, "send_email", EMAIL, step=1).status_code == 502
         point_tool_at(c, "send_email", None)
         retry = call(c, session, "send_email", EMAIL, step=1)

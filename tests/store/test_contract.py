@@ -132,7 +132,10 @@ LATEST = max(version for version, _ in load_migrations("sqlite"))
 
 def test_both_dialects_ship_the_same_migration_versions() -> None:
     versions = {d: [v for v, _ in load_migrations(d)] for d in ("sqlite", "postgres")}
-    assert versions["sqlite"] == versions["postgres"] == list(range(1, LATEST + 1))
+    # Parallel branches each own a number, so a branch may lack another's until they merge.
+    assert versions["sqlite"] == versions["postgres"]
+    assert versions["sqlite"][0] == 1
+    assert versions["sqlite"] == sorted(set(versions["sqlite"]))
 
 
 async def test_migrate_is_idempotent_and_reports_the_latest_version(store: Store) -> None:
@@ -242,7 +245,7 @@ async def test_tools_are_upserted_read_back_and_listed_by_name_per_org(store: St
         await q.upsert_tool(make_tool(org, "delete_database", tier="irreversible"))
         await q.upsert_tool(make_tool(other, "search_web", tier="safe"))
     replaced = ToolRecord(
-        org, "send_email", "irreversible", "2.0.0", None, True, "http://x", NOW + 1
+        org, "send_email", "irreversible", "2.0.0", None, True, "billing", NOW + 1
     )
     async with store.transaction() as q:
         await q.upsert_tool(replaced)

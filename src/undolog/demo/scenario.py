@@ -60,11 +60,13 @@ async def self_contained() -> AsyncIterator[tuple[str, str]]:
 
     key = "ul_demo_" + secrets.token_urlsafe(18)
     agent_key = KeyConfig(name="demo-agent", role="agent", key_hash=hash_api_key(key))
+    upstream_secret = secrets.token_urlsafe(32)  # the tools verify what the proxy signs
     tools_port, proxy_port = _free_port(), _free_port()
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(
             database_url=f"sqlite:///{Path(tmp) / 'demo.db'}",
             upstream_url=f"http://127.0.0.1:{tools_port}",
+            upstream_secret=upstream_secret,
             log_level="error",
             orgs=(OrgConfig(org_id="demo", keys=(agent_key,)),),
             tools=tuple(
@@ -72,7 +74,7 @@ async def self_contained() -> AsyncIterator[tuple[str, str]]:
             ),
         )
         servers = [
-            await _start(create_demo_tools_app(), tools_port),
+            await _start(create_demo_tools_app(secret=upstream_secret), tools_port),
             await _start(create_app(settings), proxy_port),
         ]
         try:

@@ -7,6 +7,12 @@ many times each idempotency key ran each tool and logs every call in order, whic
 prove exactly-once execution and LIFO compensation. Some tools exist only to misbehave on demand
 (`flaky`, `slow`, `broken`, `fail`) so failure paths can be driven from a test, and `echo` is as
 cheap as a tool can be, for benchmarks.
+
+Given a secret (`undolog demo-tools --secret`, or `UNDOLOG_DEMO_TOOLS_SECRET`), it accepts only
+calls whose `X-UndoLog-Signature` verifies (`undolog.upstreams.verify_upstream_signature`) and
+answers anything else 401; without one it trusts `X-UndoLog-Org` as sent. Either way each org
+gets its own state. The inspection routes (`/counters`, `/state`, ...) are for tests and take
+`?org=` to show one org (default: every org merged); they are not authenticated.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from undolog.upstreams import ORG_HEADER, verify_upstream_signature
 
 Args = dict[str, Any]
 
@@ -50,22 +58,16 @@ class TransportFault(Exception):
     """The tool answers with something that is not a ToolResult (a transport-level failure)."""
 
 
-class DemoToolState:
-    """Everything the demo tools remember, in memory. Tests may read it in process.
+class TenantState:
+    """What one org's calls did: its own messages, balances, transfers, records, counters.
 
-    `counters[tool][idempotency_key]` is how many times that key called that tool, and
-    `executions[tool][idempotency_key]` how many times the tool then really ran to success:
-    the tools in `IDEMPOTENT_TOOLS` honour the key (a repeated key gets the first answer back,
-    waiting for it if it is still running), the others run on every call. `calls` is every
-    call in arrival order (the most recent `CALL_LOG_LIMIT`). `attempts` counts the injected
-    failures of `flaky` and of compensations called with `fail_times`.
+    Orgs are kept apart as a shared tool server must keep them (DESIGN.md, "Upstream tool
+    server protocol"): org B cannot recall org A's message nor reverse A's transfer, and one
+    idempotency key of A never answers a call of B. Ids come from a sequence shared by all
+    orgs (`ids`), so they are unique on the server and a merged view has no clashes.
     """
 
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget every effect, counter and logged call."""
+    def __init__(self, ids: dict[str, int]) -> None:
         self.messages: dict[str, dict[str, Any]] = {}
         self.balances: dict[str, float] = {}
         self.transfers: dict[str, dict[str, Any]] = {}
@@ -73,39 +75,11 @@ class DemoToolState:
         self.deleted_databases: list[str] = []
         self.published_artifacts: list[str] = []
         self.counters: dict[str, dict[str, int]] = {}
-        self.calls: deque[dict[str, Any]] = deque(maxlen=CALL_LOG_LIMIT)
-        self.attempts: dict[tuple[str, str], int] = {}
         self.executions: dict[str, dict[str, int]] = {}
+        self.attempts: dict[tuple[str, str], int] = {}
         self.completed: dict[tuple[str, str], Any] = {}
         self.inflight: dict[tuple[str, str], asyncio.Future[Any]] = {}
-        self._seq = 0
-        self._ids: dict[str, int] = {}
-
-    def record_call(
-        self,
-        tool: str,
-        key: str,
-        args: Args,
-        *,
-        request_id: str | None,
-        session_id: str | None,
-        effect_id: str | None,
-    ) -> None:
-        """Count one call of `tool` under idempotency `key` and append it to the call log."""
-        per_key = self.counters.setdefault(tool, {})
-        per_key[key] = per_key.get(key, 0) + 1
-        self._seq += 1
-        self.calls.append(
-            {
-                "tool": tool,
-                "idempotency_key": key,
-                "args": args,
-                "seq": self._seq,
-                "request_id": request_id,
-                "session_id": session_id,
-                "effect_id": effect_id,
-            }
-        )
+        self._ids = ids
 
     def next_id(self, prefix: str) -> str:
         """The next id of a kind: `msg-1`, `msg-2`, … (deterministic, so tests can predict it)."""
@@ -129,7 +103,7 @@ class DemoToolState:
         return attempt
 
     def snapshot(self) -> dict[str, Any]:
-        """The effects, as `GET /state` shows them."""
+        """The effects, as `GET /state?org=…` shows them."""
         return {
             "messages": self.messages,
             "balances": self.balances,
@@ -138,6 +112,110 @@ class DemoToolState:
             "deleted_databases": self.deleted_databases,
             "published_artifacts": self.published_artifacts,
         }
+
+
+def _merged_counts(parts: list[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
+    merged: dict[str, dict[str, int]] = {}
+    for part in parts:
+        for tool, per_key in part.items():
+            into = merged.setdefault(tool, {})
+            for key, n in per_key.items():
+                into[key] = into.get(key, 0) + n
+    return merged
+
+
+class DemoToolState:
+    """Everything the demo tools remember, in memory, per org. Tests may read it in process.
+
+    `tenants[org]` is one org's `TenantState`; the org is the verified `X-UndoLog-Org` of the
+    call ("" for a call that names none, which only a server without a secret accepts). The
+    read-only attributes (`counters`, `messages`, ...) merge every org, for a test that runs
+    one org (or wants the sum); `tenant(org)` gives one org's.
+
+    `counters[tool][idempotency_key]` is how many times that key called that tool, and
+    `executions[tool][idempotency_key]` how many times the tool then really ran to success:
+    the tools in `IDEMPOTENT_TOOLS` honour the key (a repeated key gets the first answer back,
+    waiting for it if it is still running), the others run on every call. `calls` is every
+    call in arrival order (the most recent `CALL_LOG_LIMIT`), each with its `org`.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every org's effects, counters and logged calls."""
+        self.tenants: dict[str, TenantState] = {}
+        self.calls: deque[dict[str, Any]] = deque(maxlen=CALL_LOG_LIMIT)
+        self._seq = 0
+        self._ids: dict[str, int] = {}
+
+    def tenant(self, org: str) -> TenantState:
+        """The org's state, created empty on first use."""
+        found = self.tenants.get(org)
+        if found is None:
+            found = self.tenants[org] = TenantState(self._ids)
+        return found
+
+    def record_call(
+        self,
+        tool: str,
+        key: str,
+        args: Args,
+        *,
+        request_id: str | None,
+        session_id: str | None,
+        effect_id: str | None,
+        org: str = "",
+    ) -> None:
+        """Count one call of `tool` by `org` under idempotency `key`; append it to the log."""
+        per_key = self.tenant(org).counters.setdefault(tool, {})
+        per_key[key] = per_key.get(key, 0) + 1
+        self._seq += 1
+        self.calls.append(
+            {
+                "tool": tool,
+                "idempotency_key": key,
+                "args": args,
+                "seq": self._seq,
+                "request_id": request_id,
+                "session_id": session_id,
+                "effect_id": effect_id,
+                "org": org,
+            }
+        )
+
+    # -- merged views over every org ---------------------------------------------------------
+
+    @property
+    def counters(self) -> dict[str, dict[str, int]]:
+        return _merged_counts([t.counters for t in self.tenants.values()])
+
+    @property
+    def executions(self) -> dict[str, dict[str, int]]:
+        return _merged_counts([t.executions for t in self.tenants.values()])
+
+    @property
+    def messages(self) -> dict[str, dict[str, Any]]:
+        return {k: v for t in self.tenants.values() for k, v in t.messages.items()}
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every org's effects in one view (ids are unique server-wide; balances of an account
+        two orgs both touched show the last org's)."""
+        merged: dict[str, Any] = {
+            "messages": {},
+            "balances": {},
+            "transfers": {},
+            "records": {},
+            "deleted_databases": [],
+            "published_artifacts": [],
+        }
+        for tenant in self.tenants.values():
+            for name, part in tenant.snapshot().items():
+                if isinstance(part, dict):
+                    merged[name].update(part)
+                else:
+                    merged[name].extend(part)
+        return merged
 
 
 # --- argument helpers -------------------------------------------------------------------------
@@ -183,7 +261,7 @@ def _forward_ref(args: Args, name: str) -> str:
     return value
 
 
-def _maybe_fail(state: DemoToolState, tool: str, args: Args, key: str) -> None:
+def _maybe_fail(state: TenantState, tool: str, args: Args, key: str) -> None:
     """Let a compensation fail `fail_times` times per idempotency key before it succeeds."""
     fail_times = _count_arg(args, "fail_times")
     if fail_times:
@@ -193,7 +271,7 @@ def _maybe_fail(state: DemoToolState, tool: str, args: Args, key: str) -> None:
 # --- the tools --------------------------------------------------------------------------------
 
 
-async def _send_email(state: DemoToolState, args: Args, key: str) -> Any:
+async def _send_email(state: TenantState, args: Args, key: str) -> Any:
     to = _str_arg(args, "to")
     subject = _str_arg(args, "subject")
     message_id = state.next_id("msg")
@@ -207,7 +285,7 @@ async def _send_email(state: DemoToolState, args: Args, key: str) -> Any:
     return {"message_id": message_id, "to": to, "status": "sent"}
 
 
-async def _undo_send_email(state: DemoToolState, args: Args, key: str) -> Any:
+async def _undo_send_email(state: TenantState, args: Args, key: str) -> Any:
     message_id = _forward_ref(args, "message_id")
     message = state.messages.get(message_id)
     if message is None:
@@ -218,7 +296,7 @@ async def _undo_send_email(state: DemoToolState, args: Args, key: str) -> Any:
     return {"recalled": message_id}
 
 
-async def _transfer_funds(state: DemoToolState, args: Args, key: str) -> Any:
+async def _transfer_funds(state: TenantState, args: Args, key: str) -> Any:
     source = _str_arg(args, "from_account")
     target = _str_arg(args, "to_account")
     amount = _number_arg(args, "amount")
@@ -242,7 +320,7 @@ async def _transfer_funds(state: DemoToolState, args: Args, key: str) -> Any:
     return transfer
 
 
-async def _reverse_transfer(state: DemoToolState, args: Args, key: str) -> Any:
+async def _reverse_transfer(state: TenantState, args: Args, key: str) -> Any:
     transfer_id = _forward_ref(args, "transfer_id")
     transfer = state.transfers.get(transfer_id)
     if transfer is None:
@@ -257,7 +335,7 @@ async def _reverse_transfer(state: DemoToolState, args: Args, key: str) -> Any:
     return {"reversed": transfer_id}
 
 
-async def _create_record(state: DemoToolState, args: Args, key: str) -> Any:
+async def _create_record(state: TenantState, args: Args, key: str) -> Any:
     table = _str_arg(args, "table")
     record_id = state.next_id("rec")
     state.records[record_id] = {
@@ -269,7 +347,7 @@ async def _create_record(state: DemoToolState, args: Args, key: str) -> Any:
     return {"record_id": record_id}
 
 
-async def _delete_record(state: DemoToolState, args: Args, key: str) -> Any:
+async def _delete_record(state: TenantState, args: Args, key: str) -> Any:
     record_id = _forward_ref(args, "record_id")
     record = state.records.get(record_id)
     if record is None:
@@ -279,7 +357,7 @@ async def _delete_record(state: DemoToolState, args: Args, key: str) -> Any:
     return {"deleted": record_id}
 
 
-async def _search_web(state: DemoToolState, args: Args, key: str) -> Any:
+async def _search_web(state: TenantState, args: Args, key: str) -> Any:
     query = _str_arg(args, "query")
     slug = "-".join(query.lower().split())
     results = [
@@ -293,23 +371,23 @@ async def _search_web(state: DemoToolState, args: Args, key: str) -> Any:
     return {"query": query, "results": results}
 
 
-async def _delete_database(state: DemoToolState, args: Args, key: str) -> Any:
+async def _delete_database(state: TenantState, args: Args, key: str) -> Any:
     db_name = _str_arg(args, "db_name")
     state.deleted_databases.append(db_name)
     return {"db_name": db_name, "status": "deleted"}
 
 
-async def _publish_to_production(state: DemoToolState, args: Args, key: str) -> Any:
+async def _publish_to_production(state: TenantState, args: Args, key: str) -> Any:
     artifact = _str_arg(args, "artifact")
     state.published_artifacts.append(artifact)
     return {"artifact": artifact, "status": "published"}
 
 
-async def _echo(state: DemoToolState, args: Args, key: str) -> Any:
+async def _echo(state: TenantState, args: Args, key: str) -> Any:
     return args
 
 
-async def _flaky(state: DemoToolState, args: Args, key: str) -> Any:
+async def _flaky(state: TenantState, args: Args, key: str) -> Any:
     fail_times = _count_arg(args, "fail_times")
     flaky_key = args.get("key")
     if not isinstance(flaky_key, str):
@@ -318,22 +396,22 @@ async def _flaky(state: DemoToolState, args: Args, key: str) -> Any:
     return {"key": flaky_key, "attempt": attempt}
 
 
-async def _slow(state: DemoToolState, args: Args, key: str) -> Any:
+async def _slow(state: TenantState, args: Args, key: str) -> Any:
     seconds = _number_arg(args, "seconds")
     # The delay is the behaviour under test (a tool still running when the proxy dies).
     await asyncio.sleep(seconds)
     return {"slept": seconds}
 
 
-async def _broken(state: DemoToolState, args: Args, key: str) -> Any:
+async def _broken(state: TenantState, args: Args, key: str) -> Any:
     raise TransportFault("the demo tool 'broken' crashed")
 
 
-async def _fail(state: DemoToolState, args: Args, key: str) -> Any:
+async def _fail(state: TenantState, args: Args, key: str) -> Any:
     raise ToolFailure(500, "tool failed on purpose")
 
 
-ToolHandler = Callable[[DemoToolState, Args, str], Awaitable[Any]]
+ToolHandler = Callable[[TenantState, Args, str], Awaitable[Any]]
 
 TOOLS: dict[str, ToolHandler] = {
     "send_email": _send_email,
@@ -358,7 +436,7 @@ IDEMPOTENT_TOOLS = frozenset({"undo_send_email", "reverse_transfer", "delete_rec
 The forward tools do not, so a test can see it when UndoLog runs one twice."""
 
 
-async def _run_tool(state: DemoToolState, name: str, args: Args, key: str) -> Any:
+async def _run_tool(state: TenantState, name: str, args: Args, key: str) -> Any:
     """Run a tool, deduplicating by key for `IDEMPOTENT_TOOLS`; count successful runs."""
     handler = TOOLS[name]
     dedupe = name in IDEMPOTENT_TOOLS and key != NO_IDEMPOTENCY_KEY
@@ -413,6 +491,20 @@ def _state(request: Request) -> DemoToolState:
     return state
 
 
+def _caller_org(request: Request, effect_id: str | None) -> str | None:
+    """The calling org: verified when the server has a secret (None: forged or unsigned),
+    else `X-UndoLog-Org` as sent ("" when absent)."""
+    secret: str | None = request.app.state.secret
+    if secret is None:
+        return request.headers.get(ORG_HEADER, "")
+    return verify_upstream_signature(secret, request.headers, effect_id or "")
+
+
+def _org_param(request: Request) -> str | None:
+    """`?org=` of an inspection route: one org's view; absent: every org merged."""
+    return request.query_params.get("org")
+
+
 async def call_tool(request: Request) -> Response:
     """`POST /tools/{name}`: run one tool and answer with a ToolResult.
 
@@ -420,10 +512,21 @@ async def call_tool(request: Request) -> Response:
     the tool runs, whether it then succeeds or fails.
     """
     name: str = request.path_params["name"]
+    raw = await request.body()
+    bad_json: orjson.JSONDecodeError | None = None
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        body, bad_json = None, exc
+    signed_effect = body.get("effect_id") if isinstance(body, dict) else None
+    org = _caller_org(request, signed_effect if isinstance(signed_effect, str) else None)
+    if org is None:
+        return _tool_result(401, error="missing or invalid X-UndoLog-Signature")
     if name not in TOOLS:
         return _tool_result(404, error=f"unknown tool '{name}'")
+    if bad_json is not None:
+        return _tool_result(400, error=f"malformed request body: {bad_json}")
     try:
-        body = orjson.loads(await request.body())
         if not isinstance(body, dict):
             raise ToolFailure(400, "malformed request body: expected a JSON object")
         args = body.get("args", {})
@@ -431,8 +534,6 @@ async def call_tool(request: Request) -> Response:
             raise ToolFailure(400, "malformed request body: 'args' must be an object")
         session_id = _optional_str(body, "session_id")
         effect_id = _optional_str(body, "effect_id")
-    except orjson.JSONDecodeError as exc:
-        return _tool_result(400, error=f"malformed request body: {exc}")
     except ToolFailure as failure:
         return _tool_result(failure.status, error=failure.error)
 
@@ -445,9 +546,10 @@ async def call_tool(request: Request) -> Response:
         request_id=request.headers.get("x-request-id"),
         session_id=session_id,
         effect_id=effect_id,
+        org=org,
     )
     try:
-        output = await _run_tool(state, name, args, key)
+        output = await _run_tool(state.tenant(org), name, args, key)
     except ToolFailure as failure:
         return _tool_result(failure.status, error=failure.error)
     except TransportFault as fault:
@@ -459,24 +561,32 @@ async def health(request: Request) -> Response:
     return _json({"status": "ok"})
 
 
+def _view(request: Request) -> DemoToolState | TenantState:
+    """One org's state (`?org=`), or every org merged."""
+    org = _org_param(request)
+    state = _state(request)
+    return state if org is None else state.tenant(org)
+
+
 async def counters(request: Request) -> Response:
-    return _json(_state(request).counters)
+    return _json(_view(request).counters)
 
 
 async def tool_counters(request: Request) -> Response:
-    return _json(_state(request).counters.get(request.path_params["tool"], {}))
+    return _json(_view(request).counters.get(request.path_params["tool"], {}))
 
 
 async def executions(request: Request) -> Response:
-    return _json(_state(request).executions.get(request.path_params["tool"], {}))
+    return _json(_view(request).executions.get(request.path_params["tool"], {}))
 
 
 async def calls(request: Request) -> Response:
-    return _json(list(_state(request).calls))
+    org = _org_param(request)
+    return _json([c for c in _state(request).calls if org is None or c["org"] == org])
 
 
 async def state_snapshot(request: Request) -> Response:
-    return _json(_state(request).snapshot())
+    return _json(_view(request).snapshot())
 
 
 async def set_balance(request: Request) -> Response:
@@ -489,7 +599,7 @@ async def set_balance(request: Request) -> Response:
         balance = None
     if balance is None:
         return _json({"error": 'expected a JSON body {"balance": <number>}'}, status=400)
-    _state(request).balances[account] = balance
+    _state(request).tenant(_org_param(request) or "").balances[account] = balance
     return _json({"account": account, "balance": balance})
 
 
@@ -498,12 +608,16 @@ async def reset(request: Request) -> Response:
     return _json({"status": "reset"})
 
 
-def create_demo_tools_app(state: DemoToolState | None = None) -> Starlette:
+def create_demo_tools_app(
+    state: DemoToolState | None = None, *, secret: str | None = None
+) -> Starlette:
     """Build the demo tool server.
 
     Args:
         state: where the tools keep their effects; a fresh one when omitted. It is also
             reachable as `app.state.demo`.
+        secret: the upstream secret the proxy signs calls with; given, a call whose
+            `X-UndoLog-Signature` does not verify is answered 401 and not run.
 
     Returns:
         The Starlette app: `POST /tools/{name}` plus the inspection and control routes
@@ -524,17 +638,22 @@ def create_demo_tools_app(state: DemoToolState | None = None) -> Starlette:
         ]
     )
     app.state.demo = state if state is not None else DemoToolState()
+    app.state.secret = secret or None
     return app
 
 
-async def run_demo_tools(host: str, port: int) -> None:
+async def run_demo_tools(host: str, port: int, *, secret: str | None = None) -> None:
     """Serve the demo tool server with uvicorn until a signal or cancellation stops it.
 
     Used by `undolog demo-tools`, and as a task beside the proxy by `undolog serve --demo`:
     cancelling the task shuts the server down and closes its listening socket.
     """
     config = uvicorn.Config(
-        create_demo_tools_app(), host=host, port=port, log_level="info", access_log=False
+        create_demo_tools_app(secret=secret),
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=False,
     )
     server = uvicorn.Server(config)
     try:

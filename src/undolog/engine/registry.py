@@ -14,6 +14,7 @@ from undolog.engine.keys import KeySource, Role, new_key_id
 from undolog.engine.model import now_us
 from undolog.store.base import Queries, Store
 from undolog.store.records import KeyRecord, OrgRecord, ToolRecord
+from undolog.upstreams import check_tool_name
 from undolog_sdk.errors import InvalidRequest, ToolNotRegistered
 from undolog_sdk.signature import canonical_json
 from undolog_sdk.tier import CompensationDescriptor, ToolTier
@@ -89,16 +90,20 @@ class Registry:
         version: str = "1.0.0",
         compensation: dict[str, Any] | None = None,
         idempotent_upstream: bool = False,
-        upstream_url: str | None = None,
+        upstream: str | None = None,
     ) -> ToolRecord:
         """Register (or replace) a tool for an org.
 
+        `upstream` names the configured tool server that runs it (None: `default`); which
+        names an org may pick is the caller's check (`undolog.upstreams.UpstreamRegistry`).
+
         Raises:
-            InvalidRequest: an unknown tier, a COMPENSABLE tool without a compensation, or a
-                malformed compensation.
+            InvalidRequest: a name outside the tool-name charset, an unknown tier, a
+                COMPENSABLE tool without a compensation, or a malformed compensation.
         """
-        if not name or len(name) > 200:
-            raise InvalidRequest("tool name must be 1 to 200 characters")
+        name_problem = check_tool_name(name)
+        if name_problem:
+            raise InvalidRequest(name_problem)
         try:
             tool_tier = ToolTier(tier)
         except ValueError:
@@ -121,7 +126,7 @@ class Registry:
             version=version,
             compensation_json=compensation_json,
             idempotent_upstream=idempotent_upstream,
-            upstream_url=upstream_url,
+            upstream=upstream,
             updated_us=self._clock(),
         )
         async with self.store.transaction() as q:

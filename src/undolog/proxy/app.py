@@ -40,9 +40,10 @@ from undolog.proxy.wire import error_body, json_response
 from undolog.store import Store, open_store
 from undolog.store.records import KeyRecord
 from undolog.ui import mount_ui
+from undolog.upstreams import UpstreamRegistry
 from undolog_sdk.tier import ToolTier
 
-__all__ = ["Runtime", "create_app", "open_runtime"]
+__all__ = ["Runtime", "create_app", "open_runtime", "upstream_registry"]
 
 _TOOL_CALL_BODY = {
     "required": True,
@@ -113,6 +114,7 @@ def config_key_grants(settings: Settings) -> list[KeyGrant]:
 
 async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) -> Runtime:
     """Open the store (migrating it), seed the configured orgs and tools, open the executor."""
+    upstreams = upstream_registry(settings)
     store = await open_store(
         settings.database_url,
         lock_max_attempts=settings.lock_max_attempts,
@@ -144,14 +146,12 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
                 version=tool.version,
                 compensation=dict(tool.compensation) if tool.compensation else None,
                 idempotent_upstream=tool.idempotent_upstream,
-                upstream_url=tool.upstream_url,
+                upstream=tool.upstream,
             )
     except BaseException:
         await store.close()
         raise
-    executor = ToolExecutor(
-        settings.upstream_url, timeout_seconds=settings.upstream_timeout_seconds
-    )
+    executor = ToolExecutor(upstreams, timeout_seconds=settings.upstream_timeout_seconds)
     await executor.open()
     if settings.lease_seconds <= settings.upstream_timeout_seconds:
         # A duplicate arriving after the lease but before the upstream gives up would find
@@ -179,6 +179,30 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
         config_tools={(t.org_id, t.name): "config" for t in settings.tools},
         gateway_prefixes=tuple(f"{u.name}." for u in settings.mcp.upstreams),
     )
+
+
+def upstream_registry(settings: Settings) -> UpstreamRegistry:
+    """The configured upstreams; an upstream without a secret gets a random one (warned).
+
+    Raises:
+        ValueError: a URL that is not a plain http(s) base URL (settings built in code skip
+            the checks `load_settings` makes).
+    """
+    registry = UpstreamRegistry.build(
+        settings.upstream_url,
+        settings.upstream_secret,
+        [(u.name, u.url, u.secret, u.orgs) for u in settings.upstreams],
+    )
+    for upstream in registry:
+        if upstream.secret_generated:
+            # Still signed, but with a key no tool server holds: it cannot tell orgs apart.
+            structlog.get_logger("undolog.proxy").warning(
+                "upstream_secret_generated",
+                upstream=upstream.name,
+                hint="set UNDOLOG_UPSTREAM_SECRET or the upstream's secret/secret_env so the "
+                "tool server can verify X-UndoLog-Signature",
+            )
+    return registry
 
 
 def create_app(settings: Settings) -> Any:

@@ -2,6 +2,12 @@
 
 Uses aiohttp rather than httpx's pooled AsyncClient: on these machines httpx's pool collapses
 under concurrency (DESIGN.md, measured facts), and this client is on the hot path.
+
+Where a call goes is the operator's: a tool names a configured upstream (`undolog.upstreams`),
+never a URL, and every call carries the org's signed header. What goes wrong on the way is
+told to the caller in a fixed message per kind of failure — never the upstream's body nor the
+transport's exception text, which would tell a tenant about hosts and ports it cannot see —
+and logged in full for the operator.
 """
 
 from __future__ import annotations
@@ -11,8 +17,14 @@ from typing import Any, Protocol
 
 import aiohttp
 import orjson
+import structlog
+import yarl
+
+from undolog.upstreams import UpstreamRegistry, signed_headers, tool_url
 
 __all__ = ["ToolExecutor", "ToolResult", "ToolRouter", "ToolTransportError"]
+
+_log = structlog.get_logger("undolog.executor")
 
 
 class ToolTransportError(Exception):
@@ -61,8 +73,8 @@ class ToolExecutor:
     upstreams), everything else is POSTed to the tool server.
     """
 
-    def __init__(self, default_upstream: str, *, timeout_seconds: float = 30.0) -> None:
-        self.default_upstream = default_upstream.rstrip("/")
+    def __init__(self, upstreams: UpstreamRegistry, *, timeout_seconds: float = 30.0) -> None:
+        self.upstreams = upstreams
         self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._session: aiohttp.ClientSession | None = None
         self.routers: list[ToolRouter] = []
@@ -85,16 +97,20 @@ class ToolExecutor:
         tool_name: str,
         args: Any,
         *,
+        org_id: str,
         session_id: str | None,
         effect_id: str,
         request_id: str,
-        upstream_url: str | None = None,
+        upstream: str | None = None,
         idempotency_key: str | None = None,
     ) -> ToolResult:
-        """POST the call upstream; the `Idempotency-Key` is the effect id unless given.
+        """POST the call to the upstream named `upstream` (None: `default`), signed for `org_id`.
+
+        The `Idempotency-Key` is the effect id unless given.
 
         Raises:
-            ToolTransportError: refused connection, timeout, or a body that is no ToolResult.
+            ToolTransportError: an upstream the org may not use (nothing is sent), refused
+                connection, timeout, or a body that is no ToolResult.
         """
         for router in self.routers:
             if router.handles(tool_name):
@@ -103,29 +119,39 @@ class ToolExecutor:
                 )
         if self._session is None:
             raise ToolTransportError("executor is not open")
-        base = (upstream_url or self.default_upstream).rstrip("/")
+        target = self.upstreams.for_org(upstream, org_id)
+        if target is None:
+            # Configuration changed since the tool was registered: refuse, send nothing.
+            _log.warning("upstream_not_usable", upstream=upstream, org_id=org_id, tool=tool_name)
+            raise ToolTransportError(f"upstream for '{tool_name}' is not configured for this org")
         body = orjson.dumps({"args": args, "session_id": session_id, "effect_id": effect_id})
         headers = {
             "Content-Type": "application/json",
             "Idempotency-Key": idempotency_key or effect_id,
             "X-Request-Id": request_id,
+            **signed_headers(target.secret, org_id, effect_id),
         }
+        log = _log.bind(upstream=target.name, tool=tool_name, effect_id=effect_id)
         try:
             async with self._session.post(
-                f"{base}/tools/{tool_name}", data=body, headers=headers
+                # encoded=True: sent as built, the name's percent-encoding kept as it is.
+                yarl.URL(tool_url(target.url, tool_name), encoded=True),
+                data=body,
+                headers=headers,
+                allow_redirects=False,
             ) as response:
                 raw = await response.read()
                 status = response.status
         except TimeoutError:
+            log.warning("upstream_timeout", timeout_seconds=self.timeout.total)
             raise ToolTransportError(
                 f"upstream timed out after {self.timeout.total}s calling '{tool_name}'"
             ) from None
         except aiohttp.ClientError as exc:
-            raise ToolTransportError(f"upstream unreachable calling '{tool_name}': {exc}") from None
+            log.warning("upstream_unreachable", error=repr(exc))
+            raise ToolTransportError(f"upstream unreachable calling '{tool_name}'") from None
         result = _parse_tool_result(raw)
         if result is None:
-            snippet = raw[:200].decode("utf-8", "replace")
-            raise ToolTransportError(
-                f"upstream answered HTTP {status} without a ToolResult body: {snippet!r}"
-            )
+            log.warning("upstream_bad_answer", status=status, bytes=len(raw))
+            raise ToolTransportError(f"upstream gave no valid ToolResult calling '{tool_name}'")
         return result

@@ -75,7 +75,7 @@ _TOOL_BODY = {
                     "version": {"type": "string"},
                     "compensation": {"type": "object"},
                     "idempotent_upstream": {"type": "boolean"},
-                    "upstream_url": {"type": "string"},
+                    "upstream": {"type": "string", "description": "a configured upstream"},
                 },
             }
         }
@@ -83,13 +83,28 @@ _TOOL_BODY = {
 }
 
 
-_URL_SCHEMES = ("http://", "https://")
+def _usable_upstream(runtime: Runtime, org_id: str, name: Any) -> str | None:
+    """`name` if it is a configured upstream open to `org_id` (None stays None: `default`)."""
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise InvalidRequest("upstream must be the name of a configured upstream")
+    upstreams = runtime.executor.upstreams
+    if upstreams.for_org(name, org_id) is None:
+        # The same answer for "unknown" and "not yours": other orgs' upstreams stay unnamed.
+        usable = ", ".join(upstreams.usable_by(org_id)) or "none"
+        raise InvalidRequest(f"upstream must name a configured upstream (yours: {usable})")
+    return name
 
 
 @router.put("/tools/{name}", openapi_extra={"requestBody": _TOOL_BODY})
 async def put_tool(name: str, request: Request) -> Response:
-    """Register or replace a tool of the caller's org (admin keys; never a tool whose tier
-    the operator's config sets: the config always wins)."""
+    """Register or replace a tool of the caller's org (admin keys only).
+
+    Never a tool whose tier the operator's config sets: the config always wins. `upstream`
+    names a tool server from the operator's config (`[[upstreams]]`, or `default`) that the
+    caller's org may use; a URL is never taken from a tenant.
+    """
     runtime = _runtime(request)
     try:
         owner = runtime.config_owner(request.state.org_id, name)
@@ -99,8 +114,13 @@ async def put_tool(name: str, request: Request) -> Response:
                 f"tool '{name}' is set by the operator's config ({where}): change it there"
             )
         data = await _json_object(request)
+        if "upstream_url" in data:
+            raise InvalidRequest(
+                "upstream_url is no longer accepted: name a configured upstream with "
+                '"upstream" (the operator declares tool servers in [[upstreams]])'
+            )
         unknown = set(data) - {"tier", "version", "compensation", "idempotent_upstream",
-                               "upstream_url"}  # fmt: skip
+                               "upstream"}  # fmt: skip
         if unknown:
             raise InvalidRequest(f"unknown fields: {sorted(unknown)}")
         compensation = data.get("compensation")
@@ -115,11 +135,7 @@ async def put_tool(name: str, request: Request) -> Response:
         idempotent = data.get("idempotent_upstream", False)
         if not isinstance(idempotent, bool):
             raise InvalidRequest("idempotent_upstream must be a boolean")
-        upstream_url = data.get("upstream_url")
-        if upstream_url is not None and (
-            not isinstance(upstream_url, str) or not upstream_url.startswith(_URL_SCHEMES)
-        ):
-            raise InvalidRequest("upstream_url must be an http:// or https:// URL")
+        upstream = _usable_upstream(runtime, request.state.org_id, data.get("upstream"))
         tool = await runtime.engine.register_tool(
             request.state.org_id,
             name,
@@ -127,7 +143,7 @@ async def put_tool(name: str, request: Request) -> Response:
             version=version,
             compensation=compensation,
             idempotent_upstream=idempotent,
-            upstream_url=upstream_url,
+            upstream=upstream,
         )
     except UndoLogError as exc:
         return error_response(request.state.request_id, exc)

@@ -239,7 +239,8 @@ async def execute_decision(
             session_id=session_id,
             effect_id=effect_id,
             request_id=request_id,
-            upstream_url=decision.tool.upstream_url,
+            org_id=org_id,
+            upstream=decision.tool.upstream,
         )
     except ToolTransportError as exc:
         runtime.metrics.executor_duration.labels("error").observe(time.perf_counter() - started)

@@ -28,6 +28,7 @@ from undolog_sdk.errors import (
     EmptyUndoStack,
     InProgress,
     InvalidRequest,
+    ToolNotRegistered,
     UndoLogError,
 )
 
@@ -39,10 +40,26 @@ __all__ = ["router", "run_rollback"]
 router = APIRouter()
 
 
+async def _compensation_upstream(runtime: Runtime, claim: Claim) -> str | None:
+    """The upstream of the forward call's tool: a compensation lives where its tool does.
+
+    None (the `default` upstream) when the tool is no longer registered.
+    """
+    try:
+        tool = await runtime.engine.get_tool(claim.entry.org_id, claim.effect.tool_name)
+    except ToolNotRegistered:
+        return None
+    return tool.upstream
+
+
 async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | None:
-    """Run one claimed compensation with its retries; None on success, else the last error."""
+    """Run one claimed compensation with its retries; None on success, else the last error.
+
+    It goes through the same executor path as a forward call: same upstream, org header signed.
+    """
     entry = claim.entry
     backoff = entry.retry_backoff_ms / 1000
+    upstream = await _compensation_upstream(runtime, claim)
     for attempt in range(max(1, claim.attempts_left)):
         if attempt:
             await asyncio.sleep(backoff)
@@ -53,6 +70,8 @@ async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | N
                 session_id=entry.session_id,
                 effect_id=entry.effect_id,
                 request_id=request_id,
+                org_id=entry.org_id,
+                upstream=upstream,
                 idempotency_key=entry.entry_id,
             )
             error = None if result.success else (result.error or "compensation reported failure")

@@ -129,7 +129,7 @@ def tool_json(tool: ToolRecord) -> dict[str, Any]:
         "version": tool.version,
         "compensation": _loads(tool.compensation_json),
         "idempotent_upstream": tool.idempotent_upstream,
-        "upstream_url": tool.upstream_url,
+        "upstream": tool.upstream,
         "updated_at": iso(tool.updated_us),
     }
 

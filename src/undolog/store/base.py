@@ -50,7 +50,7 @@ _APPROVAL_COLUMNS = (
     "timeout_us, decided_us, decided_by, reason"
 )
 _TOOL_COLUMNS = (
-    "org_id, name, tier, version, compensation, idempotent_upstream, upstream_url, updated_us"
+    "org_id, name, tier, version, compensation, idempotent_upstream, upstream, updated_us"
 )
 _KEY_COLUMNS = "key_id, key_hash, org_id, name, role, source, created_us, last_used_us, revoked_us"
 _ORG_COLUMNS = "org_id, name, approval_timeout_s, auto_approve_on_timeout, created_us"
@@ -276,14 +276,14 @@ class Queries(abc.ABC):
             "ON CONFLICT (org_id, name) DO UPDATE SET tier = excluded.tier, "
             "version = excluded.version, compensation = excluded.compensation, "
             "idempotent_upstream = excluded.idempotent_upstream, "
-            "upstream_url = excluded.upstream_url, updated_us = excluded.updated_us",
+            "upstream = excluded.upstream, updated_us = excluded.updated_us",
             tool.org_id,
             tool.name,
             tool.tier,
             tool.version,
             tool.compensation_json,
             tool.idempotent_upstream,
-            tool.upstream_url,
+            tool.upstream,
             tool.updated_us,
         )
 

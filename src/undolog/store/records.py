@@ -54,7 +54,7 @@ class ToolRecord:
     version: str
     compensation_json: str | None  # CompensationDescriptor as JSON, for COMPENSABLE tools
     idempotent_upstream: bool
-    upstream_url: str | None
+    upstream: str | None  # a configured upstream's name; None: `default`
     updated_us: int
 
 
