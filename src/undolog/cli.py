@@ -12,9 +12,9 @@ from collections.abc import Coroutine
 from typing import Any
 
 import typer
-import uvicorn
 
 from undolog.config import DEFAULT_HOST, Settings, hash_api_key, load_settings
+from undolog_sdk.errors import UndoLogError
 
 app = typer.Typer(add_completion=False, help="UndoLog: exactly-once, undoable, gated tool calls.")
 
@@ -66,6 +66,21 @@ def serve(
     commit_retry_backoff_ms: int = typer.Option(
         None, help="First backoff between Commit/Fail attempts (doubles)"
     ),
+    max_header_bytes: int = typer.Option(
+        None, help="Largest request head (request line + headers); above: 431 and close"
+    ),
+    header_timeout_seconds: float = typer.Option(
+        None, help="Time allowed to send a request's headers; then the connection closes"
+    ),
+    keep_alive_timeout_seconds: float = typer.Option(
+        None, help="Idle time allowed between requests on one connection"
+    ),
+    max_connections: int = typer.Option(
+        None, help="Connections open at once; above: 503 and close"
+    ),
+    ready_timeout_seconds: float = typer.Option(
+        None, help="Time the store has to answer GET /ready"
+    ),
     log_level: str = typer.Option(None, help="debug, info, warning, error"),
     ui_secret: str = typer.Option(
         None,
@@ -87,23 +102,20 @@ def serve(
 async def _serve(settings: Settings, *, demo: bool, demo_tools_port: int) -> None:
     from undolog.logs import configure_logging
     from undolog.proxy import create_app
+    from undolog.proxy.server import build_server
 
     configure_logging(settings.log_level)
     tasks = []
     if demo:
         from undolog.demo.tools import run_demo_tools
 
-        await _seed_demo(settings)
+        try:
+            await _seed_demo(settings)
+        except UndoLogError as exc:
+            typer.echo(f"error: cannot start: {exc}", err=True)
+            raise typer.Exit(1) from None
         tasks.append(asyncio.create_task(run_demo_tools(DEFAULT_HOST, demo_tools_port)))
-    config = uvicorn.Config(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=False,
-        lifespan="on",
-    )
-    server = uvicorn.Server(config)
+    server = build_server(create_app(settings), settings)
     try:
         await server.serve()
     finally:

@@ -44,6 +44,8 @@ def advisory_key(signature: str) -> int:
 
 # InternalClientError (neither of the other two): e.g. a query on a connection the server
 # has just terminated can fail with it instead of ConnectionDoesNotExistError.
+CONNECT_TIMEOUT_SECONDS = 10.0
+
 _DRIVER_ERRORS = (
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
@@ -214,7 +216,13 @@ class PostgresStore(Store):
         dsn = "postgresql://" + url.split("://", 1)[1]
         try:
             pool = await asyncpg.create_pool(
-                dsn, min_size=min_size, max_size=max_size, command_timeout=60, reset=_keep
+                dsn,
+                min_size=min_size,
+                max_size=max_size,
+                command_timeout=60,
+                reset=_keep,
+                # Bounded: an unreachable server fails the start instead of stalling it.
+                timeout=CONNECT_TIMEOUT_SECONDS,
             )
         except (TimeoutError, *_DRIVER_ERRORS) as exc:
             raise Database(f"cannot connect to PostgreSQL: {exc}") from exc
