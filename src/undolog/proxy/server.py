@@ -42,6 +42,8 @@ __all__ = [
 
 HEADERS_TOO_LARGE = "headers_too_large"
 TOO_MANY_CONNECTIONS = "too_many_connections"
+# How long a refused connection's further bytes are read and dropped before it is closed.
+LINGER_SECONDS = 2.0
 # Descriptors kept out of the connection cap: store connections, upstream sockets, log files.
 RESERVED_FILES = 128
 
@@ -93,6 +95,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._reading_head = True  # between requests or inside a head: bytes count
         self._head_bytes = 0
         self._head_timer: asyncio.TimerHandle | None = None
+        self._discarding = False  # refused: what still arrives is read and dropped
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -108,6 +111,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._discarding:
+            return
         if not self._reading_head:
             super().data_received(data)
             return
@@ -120,20 +125,54 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse_head()
 
     def on_headers_complete(self) -> None:
+        if self._discarding:
+            return
         self._reading_head = False
         self._cancel_head_timer()
+        if self._head_bytes > self.limits.max_header_bytes and self._head_size() > (
+            self.limits.max_header_bytes
+        ):
+            # A whole head that came in one chunk: the count above held body bytes too, so
+            # measure the head itself (only here, off the common path).
+            self._refuse_head()
+            return
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        if not self._discarding:
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
+        if self._discarding:
+            return
         super().on_message_complete()
         self._reading_head = True
         self._head_bytes = 0
 
+    def send_400_response(self, msg: str) -> None:
+        if not self._discarding:  # already answered 431
+            super().send_400_response(msg)
+
+    def _head_size(self) -> int:
+        return len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+
     def _refuse_head(self) -> None:
+        """Answer 431, then close after a short linger.
+
+        Closing at once with the client's bytes unread makes the kernel send a reset, which
+        can destroy the 431 before the client reads it. So: send it, half-close, drop what
+        still arrives, and close for good after `LINGER_SECONDS`.
+        """
         self._reading_head = False
+        self._discarding = True
         self._cancel_head_timer()
-        if not self.transport.is_closing():
-            self.transport.write(self._too_large)
+        if self.transport.is_closing():
+            return
+        self.transport.write(self._too_large)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(LINGER_SECONDS, self.transport.close)
+        else:  # pragma: no cover - TLS transports cannot half-close
             self.transport.close()
 
     def _arm_head_timer(self) -> None:
