@@ -168,6 +168,7 @@ def test_headers_under_the_cap_pass_and_over_it_answer_431(server: ProcessServer
     assert too_big.status_code == 431
     assert too_big.json()["code"] == "headers_too_large"
     assert too_big.headers["connection"] == "close"
+    assert too_big.headers["x-request-id"] == too_big.json()["request_id"]
 
 
 def test_health_answers_within_a_second_while_2000_partial_connections_sit_idle(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import uuid
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -69,12 +70,15 @@ class ConnectionLimits:
         )
 
 
-def _canned(status: int, reason: str, code: str, message: str) -> bytes:
-    """A whole HTTP response with the error body, built once (no request id: none was read)."""
-    body = orjson.dumps(error_body("", code, message))
+def _refusal(status: int, reason: str, code: str, message: str) -> bytes:
+    """A whole HTTP response with the error body and a fresh request id (built per refusal:
+    refusals are rare and must not share a timestamp or an id)."""
+    request_id = str(uuid.uuid4())
+    body = orjson.dumps(error_body(request_id, code, message))
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        f"content-length: {len(body)}\r\nx-request-id: {request_id}\r\n"
+        "connection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
 
@@ -87,8 +91,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     """
 
     limits: ClassVar[ConnectionLimits]
-    _too_large: ClassVar[bytes]
-    _too_many: ClassVar[bytes]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -101,7 +103,15 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             # Refused before anything is read or parsed: as cheap as answering gets.
-            transport.write(self._too_many)
+            self._discarding = True
+            transport.write(
+                _refusal(
+                    503,
+                    "Service Unavailable",
+                    TOO_MANY_CONNECTIONS,
+                    "too many open connections; retry later",
+                )
+            )
             transport.close()
             return
         self._arm_head_timer()
@@ -168,7 +178,15 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._cancel_head_timer()
         if self.transport.is_closing():
             return
-        self.transport.write(self._too_large)
+        limit = self.limits.max_header_bytes
+        self.transport.write(
+            _refusal(
+                431,
+                "Request Header Fields Too Large",
+                HEADERS_TOO_LARGE,
+                f"request headers exceed the limit of {limit} bytes",
+            )
+        )
         if self.transport.can_write_eof():
             self.transport.write_eof()
             self.loop.call_later(LINGER_SECONDS, self.transport.close)
@@ -225,24 +243,8 @@ def _last_line(traceback_text: str) -> str:
 
 
 def bounded_protocol(limits: ConnectionLimits) -> type[BoundedHttpToolsProtocol]:
-    """A protocol class carrying `limits` (with its canned refusals built once)."""
-    too_large = _canned(
-        431,
-        "Request Header Fields Too Large",
-        HEADERS_TOO_LARGE,
-        f"request headers exceed the limit of {limits.max_header_bytes} bytes",
-    )
-    too_many = _canned(
-        503,
-        "Service Unavailable",
-        TOO_MANY_CONNECTIONS,
-        "too many open connections; retry later",
-    )
-    return type(
-        "BoundedHttpToolsProtocol",
-        (BoundedHttpToolsProtocol,),
-        {"limits": limits, "_too_large": too_large, "_too_many": too_many},
-    )
+    """A protocol class carrying `limits`."""
+    return type("BoundedHttpToolsProtocol", (BoundedHttpToolsProtocol,), {"limits": limits})
 
 
 def raise_open_files_limit() -> int:
