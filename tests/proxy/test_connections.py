@@ -285,3 +285,13 @@ def test_the_open_files_limit_is_raised_to_the_hard_limit() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == soft
     assert hard == resource.RLIM_INFINITY or soft == hard
+
+
+def test_the_connection_cap_is_lowered_to_what_the_open_files_limit_allows() -> None:
+    from undolog.config import Settings
+    from undolog.proxy.server import RESERVED_FILES, _effective_limits
+
+    assert _effective_limits(Settings(max_connections=100_000), 1024).max_connections == (
+        1024 - RESERVED_FILES
+    )
+    assert _effective_limits(Settings(max_connections=50), 1024).max_connections == 50

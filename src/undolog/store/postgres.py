@@ -42,10 +42,11 @@ def advisory_key(signature: str) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-# InternalClientError (neither of the other two): e.g. a query on a connection the server
-# has just terminated can fail with it instead of ConnectionDoesNotExistError.
+# Per connection attempt: an unreachable server fails the start instead of stalling it.
 CONNECT_TIMEOUT_SECONDS = 10.0
 
+# InternalClientError (neither of the other two): e.g. a query on a connection the server
+# has just terminated can fail with it instead of ConnectionDoesNotExistError.
 _DRIVER_ERRORS = (
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
@@ -221,7 +222,6 @@ class PostgresStore(Store):
                 max_size=max_size,
                 command_timeout=60,
                 reset=_keep,
-                # Bounded: an unreachable server fails the start instead of stalling it.
                 timeout=CONNECT_TIMEOUT_SECONDS,
             )
         except (TimeoutError, *_DRIVER_ERRORS) as exc:
