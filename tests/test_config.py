@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from undolog import config as config_module
 from undolog.config import (
     DEFAULT_DATABASE_URL,
     DEFAULT_LEASE_SECONDS,
@@ -420,3 +421,40 @@ def test_tool_names_in_the_mcp_gateway_style_are_accepted(write_toml: WriteToml)
         "[[tools]]\norg = 'a'\nname = 'ns:tool-v2'\ntier = 'safe'\n"
     )
     assert [t.name for t in load(config).tools] == ["git.git_create_branch", "ns:tool-v2"]
+
+
+def test_connection_caps_come_from_toml_env_and_flags(write_toml: WriteToml) -> None:
+    config = write_toml(
+        "[server]\nmax_header_bytes = 1000\nheader_timeout_seconds = 2.5\n"
+        "keep_alive_timeout_seconds = 3\nmax_connections = 50\nready_timeout_seconds = 0.5\n"
+    )
+    settings = load(config, env={"UNDOLOG_MAX_CONNECTIONS": "60"}, header_timeout_seconds=4)
+    assert settings.max_header_bytes == 1000  # TOML
+    assert settings.header_timeout_seconds == 4.0  # flag
+    assert settings.keep_alive_timeout_seconds == 3.0
+    assert settings.max_connections == 60  # env
+    assert settings.ready_timeout_seconds == 0.5
+
+
+def test_connection_caps_default_to_the_named_constants() -> None:
+    settings = load()
+    assert settings.max_header_bytes == config_module.DEFAULT_MAX_HEADER_BYTES
+    assert settings.header_timeout_seconds == config_module.DEFAULT_HEADER_TIMEOUT_SECONDS
+    assert settings.keep_alive_timeout_seconds == config_module.DEFAULT_KEEP_ALIVE_TIMEOUT_SECONDS
+    assert settings.max_connections == config_module.DEFAULT_MAX_CONNECTIONS
+    assert settings.ready_timeout_seconds == config_module.DEFAULT_READY_TIMEOUT_SECONDS
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "UNDOLOG_MAX_HEADER_BYTES",
+        "UNDOLOG_HEADER_TIMEOUT_SECONDS",
+        "UNDOLOG_KEEP_ALIVE_TIMEOUT_SECONDS",
+        "UNDOLOG_MAX_CONNECTIONS",
+        "UNDOLOG_READY_TIMEOUT_SECONDS",
+    ],
+)
+def test_a_connection_cap_of_zero_is_a_value_error(name: str) -> None:
+    with pytest.raises(ValueError, match="greater than 0"):
+        load(env={name: "0"})

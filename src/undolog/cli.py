@@ -7,13 +7,14 @@ flags win over env vars, which win over the TOML file named by `--config`.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Coroutine
 from typing import Any
 
 import typer
-import uvicorn
 
 from undolog.config import DEFAULT_HOST, Settings, load_settings
+from undolog_sdk.errors import UndoLogError
 
 app = typer.Typer(add_completion=False, help="UndoLog: exactly-once, undoable, gated tool calls.")
 
@@ -69,6 +70,21 @@ def serve(
     commit_retry_backoff_ms: int = typer.Option(
         None, help="First backoff between Commit/Fail attempts (doubles)"
     ),
+    max_header_bytes: int = typer.Option(
+        None, help="Largest request head (request line + headers); above: 431 and close"
+    ),
+    header_timeout_seconds: float = typer.Option(
+        None, help="Time allowed to send a request's headers; then the connection closes"
+    ),
+    keep_alive_timeout_seconds: float = typer.Option(
+        None, help="Idle time allowed between requests on one connection"
+    ),
+    max_connections: int = typer.Option(
+        None, help="Connections open at once; above: 503 and close"
+    ),
+    ready_timeout_seconds: float = typer.Option(
+        None, help="Time the store has to answer GET /ready"
+    ),
     log_level: str = typer.Option(None, help="debug, info, warning, error"),
     ui_secret: str = typer.Option(
         None,
@@ -97,25 +113,22 @@ async def _serve(
 ) -> None:
     from undolog.logs import configure_logging
     from undolog.proxy import create_app
+    from undolog.proxy.server import build_server
 
     configure_logging(settings.log_level)
     tasks = []
     if demo:
         from undolog.demo.tools import run_demo_tools
 
-        await _seed_demo(settings)
+        try:
+            await _seed_demo(settings)
+        except UndoLogError as exc:
+            typer.echo(f"error: cannot start: {exc}", err=True)
+            raise typer.Exit(1) from None
         tasks.append(
             asyncio.create_task(run_demo_tools(DEFAULT_HOST, demo_tools_port, secret=demo_secret))
         )
-    config = uvicorn.Config(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=False,
-        lifespan="on",
-    )
-    server = uvicorn.Server(config)
+    server = build_server(create_app(settings), settings)
     try:
         await server.serve()
     finally:

@@ -44,6 +44,12 @@ DEFAULT_RETRY_AFTER_SECONDS = 5
 DEFAULT_APPROVAL_SWEEP_SECONDS = 1.0
 DEFAULT_COMMIT_RETRY_ATTEMPTS = 5
 DEFAULT_COMMIT_RETRY_BACKOFF_MS = 50
+# Connection caps (`undolog.proxy.server`): one client must not be able to freeze the proxy.
+DEFAULT_MAX_HEADER_BYTES = 32_768  # request line + headers; above: 431 and close
+DEFAULT_HEADER_TIMEOUT_SECONDS = 10.0  # to receive a request's headers; then close
+DEFAULT_KEEP_ALIVE_TIMEOUT_SECONDS = 5.0  # idle time between requests on one connection
+DEFAULT_MAX_CONNECTIONS = 4096  # open at once; above: a canned 503 and close
+DEFAULT_READY_TIMEOUT_SECONDS = 2.0  # for the store to answer `/ready`'s query
 
 
 def hash_api_key(key: str) -> str:
@@ -122,6 +128,11 @@ class Settings:
     approval_sweep_seconds: float = DEFAULT_APPROVAL_SWEEP_SECONDS
     commit_retry_attempts: int = DEFAULT_COMMIT_RETRY_ATTEMPTS
     commit_retry_backoff_ms: int = DEFAULT_COMMIT_RETRY_BACKOFF_MS
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS
+    keep_alive_timeout_seconds: float = DEFAULT_KEEP_ALIVE_TIMEOUT_SECONDS
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    ready_timeout_seconds: float = DEFAULT_READY_TIMEOUT_SECONDS
     log_level: str = "info"
     ui_secret: str | None = None  # signs dashboard session cookies; None: random per process
     config: str | None = None
@@ -138,6 +149,15 @@ SCALAR_FIELDS = tuple(
     if f.name not in {"orgs", "tools", "upstreams", "mcp"}
 )
 
+
+# A zero or negative cap would refuse every connection or disable the protection.
+_POSITIVE_FIELDS = (
+    "max_header_bytes",
+    "header_timeout_seconds",
+    "keep_alive_timeout_seconds",
+    "max_connections",
+    "ready_timeout_seconds",
+)
 
 _TOP_LEVEL_KEYS = frozenset({"server", "orgs", "tools", "upstreams", "mcp"})
 _ORG_KEYS = frozenset(
@@ -412,6 +432,9 @@ def load_settings(
     if problem:
         # The URL itself is not echoed: it could carry a password.
         raise ValueError(f"setting 'upstream_url' {problem}")
+    for name in _POSITIVE_FIELDS:
+        if getattr(settings, name) <= 0:
+            raise ValueError(f"setting {name!r} must be greater than 0")
     scheme = settings.database_url.partition("://")[0].lower()
     if scheme not in _DATABASE_SCHEMES or "://" not in settings.database_url:
         # Only the scheme is echoed: the rest of the URL may hold a password.

@@ -136,7 +136,7 @@ def proxy_factory(store_url: str, demo_upstream: ThreadServer) -> Iterator[Any]:
         )
         upstream = overrides.pop("upstream_url", demo_upstream.url)
         settings = make_settings(store_url, upstream, tuple(orgs_so_far), **overrides)
-        server = ThreadServer(create_app(settings)).start()
+        server = ThreadServer(create_app(settings), settings=settings).start()
         started.append(server)
         harness = ProxyHarness(
             server.url, demo_upstream.url, store_url, org_id, key, settings, server=server,

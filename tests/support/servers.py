@@ -22,6 +22,9 @@ from typing import Any
 import httpx
 import uvicorn
 
+from undolog.config import Settings
+from undolog.proxy.server import build_server
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -67,22 +70,30 @@ def _answers(url: str) -> bool:
 
 @dataclass
 class ThreadServer:
-    """A uvicorn server running an ASGI app in a background thread."""
+    """A uvicorn server running an ASGI app in a background thread.
+
+    Built by `undolog.proxy.server.build_server`, as `undolog serve` builds it, so every test
+    runs behind the same connection caps; `settings` gives them (default: the defaults).
+    """
 
     app: Any
     port: int = field(default_factory=free_port)
     server: uvicorn.Server | None = None
     thread: threading.Thread | None = None
+    settings: Settings | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ThreadServer:
-        config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+        self.server = build_server(
+            self.app,
+            self.settings or Settings(),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
         )
-        self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         wait_until(lambda: self.server is not None and self.server.started, what="uvicorn start")
@@ -96,8 +107,8 @@ class ThreadServer:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any) -> Iterator[ThreadServer]:
-    server = ThreadServer(app).start()
+def serve_in_thread(app: Any, settings: Settings | None = None) -> Iterator[ThreadServer]:
+    server = ThreadServer(app, settings=settings).start()
     try:
         yield server
     finally:

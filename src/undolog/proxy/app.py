@@ -31,6 +31,7 @@ from undolog.proxy.events import router as events_router
 from undolog.proxy.executor import ToolExecutor
 from undolog.proxy.metrics import ProxyMetrics
 from undolog.proxy.overview import router as overview_router
+from undolog.proxy.ready import router as ready_router
 from undolog.proxy.routes import router
 from undolog.proxy.toolcall import tool_call
 from undolog.proxy.ui_auth import SessionTokens, UiSessions
@@ -148,11 +149,12 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
                 idempotent_upstream=tool.idempotent_upstream,
                 upstream=tool.upstream,
             )
+        executor = ToolExecutor(upstreams, timeout_seconds=settings.upstream_timeout_seconds)
+        await executor.open()
     except BaseException:
+        # Every failure path closes the store: its threads or pool would keep the process alive.
         await store.close()
         raise
-    executor = ToolExecutor(upstreams, timeout_seconds=settings.upstream_timeout_seconds)
-    await executor.open()
     if settings.lease_seconds <= settings.upstream_timeout_seconds:
         # A duplicate arriving after the lease but before the upstream gives up would find
         # a call that is still running "in doubt" (or re-run an idempotent one beside it).
@@ -219,16 +221,19 @@ def create_app(settings: Settings) -> Any:
         runtime = await open_runtime(settings, metrics)
         metrics_holder["runtime"] = runtime
         app.state.runtime = runtime
-        await runtime.broker.start()
-        sweeper = asyncio.create_task(sweep_forever(runtime, settings.approval_sweep_seconds))
         try:
-            async with gateway.serving(runtime):
-                yield
+            await runtime.broker.start()
+            sweeper = asyncio.create_task(sweep_forever(runtime, settings.approval_sweep_seconds))
+            try:
+                async with gateway.serving(runtime):
+                    yield
+            finally:
+                sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeper
+                await runtime.broker.stop()
         finally:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
-            await runtime.broker.stop()
+            # Also when start-up fails after the store opened: a store left open hangs the exit.
             await runtime.executor.close()
             await runtime.store.close()
 
@@ -252,6 +257,8 @@ def create_app(settings: Settings) -> Any:
     api.include_router(events_router)
     api.router.routes.append(Route("/mcp", gateway, methods=["GET", "POST", "DELETE"]))
     api.include_router(overview_router)
+    api.include_router(ready_router)
+    api.state.ready_timeout_seconds = settings.ready_timeout_seconds
     api.include_router(ui_auth_router)
     mount_ui(api)
 

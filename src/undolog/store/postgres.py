@@ -42,6 +42,9 @@ def advisory_key(signature: str) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
+# Per connection attempt: an unreachable server fails the start instead of stalling it.
+CONNECT_TIMEOUT_SECONDS = 10.0
+
 # InternalClientError (neither of the other two): e.g. a query on a connection the server
 # has just terminated can fail with it instead of ConnectionDoesNotExistError.
 _DRIVER_ERRORS = (
@@ -214,7 +217,12 @@ class PostgresStore(Store):
         dsn = "postgresql://" + url.split("://", 1)[1]
         try:
             pool = await asyncpg.create_pool(
-                dsn, min_size=min_size, max_size=max_size, command_timeout=60, reset=_keep
+                dsn,
+                min_size=min_size,
+                max_size=max_size,
+                command_timeout=60,
+                reset=_keep,
+                timeout=CONNECT_TIMEOUT_SECONDS,
             )
         except (TimeoutError, *_DRIVER_ERRORS) as exc:
             raise Database(f"cannot connect to PostgreSQL: {exc}") from exc

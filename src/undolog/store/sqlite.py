@@ -84,15 +84,25 @@ class SqliteStore(Store):
             store._reader = store._writer if store.path == ":memory:" else await store._connect()
         except (sqlite3.Error, OSError) as exc:
             await store.close()
-            raise Database(str(exc)) from exc
+            raise Database(f"cannot open SQLite database {store.path}: {exc}") from exc
+        except BaseException:
+            await store.close()
+            raise
         return store
 
     async def _connect(self) -> aiosqlite.Connection:
         # isolation_level=None: we issue BEGIN/COMMIT ourselves.
         conn = await aiosqlite.connect(self.path, isolation_level=None)
-        await _pragma(conn, f"busy_timeout={BUSY_TIMEOUT_MS}")
-        await _pragma(conn, "synchronous=FULL")
-        await _pragma(conn, "foreign_keys=ON")
+        try:
+            await _pragma(conn, f"busy_timeout={BUSY_TIMEOUT_MS}")
+            await _pragma(conn, "synchronous=FULL")
+            await _pragma(conn, "foreign_keys=ON")
+        except BaseException:
+            # Each aiosqlite connection owns a non-daemon thread: one left open here (a file
+            # that opens but cannot be read, as on a read-only filesystem) keeps the process
+            # from ever exiting after a failed start.
+            await conn.close()
+            raise
         return conn
 
     @asynccontextmanager
@@ -191,9 +201,17 @@ class SqliteStore(Store):
         return current
 
     async def close(self) -> None:
-        for conn in {id(c): c for c in (self._reader, self._writer) if c is not None}.values():
-            await conn.close()
+        conns = {id(c): c for c in (self._reader, self._writer) if c is not None}.values()
         self._reader = self._writer = None
+        errors = []
+        for conn in conns:
+            # Close every one even if one fails: each holds a thread the process waits for.
+            try:
+                await conn.close()
+            except sqlite3.Error as exc:
+                errors.append(exc)
+        if errors:
+            raise Database(str(errors[0])) from errors[0]
 
 
 def _statements(script: str) -> list[str]:
