@@ -286,6 +286,8 @@ def test_serve_demo_prints_an_approver_key_and_revokes_the_previous_demo_keys(
         f"{second.url}/approvals/{approval_id}", headers={"X-Api-Key": agent}, timeout=10
     ).json()
     assert record["decided_by"] == "key:demo-approver"
+
+
 def test_demo_tools_with_a_secret_refuses_unsigned_calls(servers: list[ProcessServer]) -> None:
     port = free_port()
     command = undolog_command("demo-tools", "--port", str(port), "--secret", "s3")
