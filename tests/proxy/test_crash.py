@@ -224,7 +224,9 @@ def test_a_call_cut_off_by_kill_9_waits_out_its_lease_then_stays_in_doubt_until_
         {"outcome": "failed", "error": "operator checked"},
     )
     assert resolved.status_code == 200, resolved.json()
-    assert (resolved.json()["state"], resolved.json()["error"]) == ("failed", "operator checked")
+    assert (resolved.json()["state"], resolved.json()["error"]) == (
+        "failed", "operator checked (resolved by key:admin)",
+    )  # fmt: skip
 
     rerun = fleet.call(survivor, body)
     assert outcome(rerun) == "200 executed", rerun.json()

@@ -392,7 +392,7 @@ def test_resolving_the_failed_entry_with_a_note_lets_the_unwinding_go_on(
         assert resolved.status_code == 200, resolved.text
         assert (resolved.json()["state"], resolved.json()["last_error"]) == (
             "resolved",
-            "reversed by hand",
+            "resolved by key:admin: reversed by hand",  # who resolved it, from the key
         )
         assert view(client, session)["state"] == "compensating"
         answer = rollback(client, session)
@@ -402,7 +402,7 @@ def test_resolving_the_failed_entry_with_a_note_lets_the_unwinding_go_on(
     assert answer.json()["outcome"] == "compensated"
     assert (entry_of(data, transfer)["state"], entry_of(data, transfer)["last_error"]) == (
         "resolved",
-        "reversed by hand",
+        "resolved by key:admin: reversed by hand",
     )
     assert effect_of(data, transfer)["state"] == "compensated"
     assert entry_of(data, email)["state"] == "compensated"
@@ -410,7 +410,7 @@ def test_resolving_the_failed_entry_with_a_note_lets_the_unwinding_go_on(
     tools = [c["tool"] for c in compensation_calls(proxy, session)]
     assert tools == ["reverse_transfer"] * 3 + ["undo_send_email"]
     [event] = [e for e in events(proxy, session) if e.type == "compensation_resolved"]
-    assert orjson.loads(event.payload_json)["note"] == "reversed by hand"
+    assert orjson.loads(event.payload_json)["note"] == "resolved by key:admin: reversed by hand"
 
 
 def test_an_operator_retry_after_the_upstream_recovers_finishes_the_rollback(

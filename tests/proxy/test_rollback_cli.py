@@ -103,7 +103,7 @@ def test_the_cli_retries_and_resolves_failed_entries_so_the_rollback_finishes(
         data = view(client, session)
     assert (entry_of(data, transfer)["state"], entry_of(data, transfer)["last_error"]) == (
         "resolved",
-        "reversed in the bank UI",
+        "resolved by key:admin: reversed in the bank UI",
     )
     assert entry_of(data, email)["state"] == "compensated"
     assert proxy.counters("undo_send_email") == {email_entry: 3}
