@@ -41,6 +41,8 @@ DEFAULT_RETRY_AFTER_SECONDS = 5
 DEFAULT_APPROVAL_SWEEP_SECONDS = 1.0
 DEFAULT_COMMIT_RETRY_ATTEMPTS = 5
 DEFAULT_COMMIT_RETRY_BACKOFF_MS = 50
+DEFAULT_LEASE_SWEEP_SECONDS = 2.0
+DEFAULT_SPOOL_DIR = "./undolog-spool"
 
 
 def hash_api_key(key: str) -> str:
@@ -90,6 +92,8 @@ class Settings:
     approval_sweep_seconds: float = DEFAULT_APPROVAL_SWEEP_SECONDS
     commit_retry_attempts: int = DEFAULT_COMMIT_RETRY_ATTEMPTS
     commit_retry_backoff_ms: int = DEFAULT_COMMIT_RETRY_BACKOFF_MS
+    lease_sweep_seconds: float = DEFAULT_LEASE_SWEEP_SECONDS
+    spool_dir: str = DEFAULT_SPOOL_DIR  # held results that could not be committed, for operators
     log_level: str = "info"
     ui_secret: str | None = None  # signs dashboard session cookies; None: random per process
     config: str | None = None

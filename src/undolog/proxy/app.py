@@ -27,6 +27,8 @@ from undolog.proxy.edge import Edge, KeyResolver
 from undolog.proxy.events import EventBroker
 from undolog.proxy.events import router as events_router
 from undolog.proxy.executor import ToolExecutor
+from undolog.proxy.held import HeldResults
+from undolog.proxy.lease import LeaseKeeper, sweep_leases_forever
 from undolog.proxy.metrics import ProxyMetrics
 from undolog.proxy.overview import router as overview_router
 from undolog.proxy.routes import router
@@ -76,6 +78,8 @@ class Runtime:
     executor: ToolExecutor
     metrics: ProxyMetrics
     deliveries: Deliveries
+    leases: LeaseKeeper
+    held: HeldResults
     retry_after_seconds: int
     commit_retry_attempts: int
     commit_retry_backoff_ms: int
@@ -121,14 +125,6 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
         settings.upstream_url, timeout_seconds=settings.upstream_timeout_seconds
     )
     await executor.open()
-    if settings.lease_seconds <= settings.upstream_timeout_seconds:
-        # A duplicate arriving after the lease but before the upstream gives up would find
-        # a call that is still running "in doubt" (or re-run an idempotent one beside it).
-        structlog.get_logger("undolog.proxy").warning(
-            "lease_shorter_than_upstream_timeout",
-            lease_seconds=settings.lease_seconds,
-            upstream_timeout_seconds=settings.upstream_timeout_seconds,
-        )
     proxy_metrics = metrics or ProxyMetrics.create()
     return Runtime(
         store=store,
@@ -139,6 +135,8 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
         executor=executor,
         metrics=proxy_metrics,
         deliveries=Deliveries(engine),
+        leases=LeaseKeeper(engine, settings.lease_seconds),
+        held=HeldResults(settings.spool_dir),
         retry_after_seconds=settings.retry_after_seconds,
         commit_retry_attempts=max(1, settings.commit_retry_attempts),
         commit_retry_backoff_ms=settings.commit_retry_backoff_ms,
@@ -161,14 +159,21 @@ def create_app(settings: Settings) -> Any:
         metrics_holder["runtime"] = runtime
         app.state.runtime = runtime
         await runtime.broker.start()
-        sweeper = asyncio.create_task(sweep_forever(runtime, settings.approval_sweep_seconds))
+        runtime.leases.start()
+        sweepers = [
+            asyncio.create_task(sweep_forever(runtime, settings.approval_sweep_seconds)),
+            asyncio.create_task(sweep_leases_forever(runtime, settings.lease_sweep_seconds)),
+        ]
         try:
             async with gateway.serving(runtime):
                 yield
         finally:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            for sweeper in sweepers:
+                sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeper
+            await runtime.held.close()
+            await runtime.leases.stop()
             await runtime.broker.stop()
             await runtime.executor.close()
             await runtime.store.close()

@@ -12,11 +12,28 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-__all__ = ["ToolExecutor", "ToolResult", "ToolRouter", "ToolTransportError"]
+__all__ = [
+    "ToolExecutor",
+    "ToolOutcomeUnknown",
+    "ToolResult",
+    "ToolRouter",
+    "ToolTransportError",
+    "ToolUnreachable",
+]
 
 
 class ToolTransportError(Exception):
     """The upstream could not be reached, timed out, or answered with no ToolResult."""
+
+
+class ToolUnreachable(ToolTransportError):
+    """The request provably never reached the tool (refused, name not resolved, nothing sent):
+    the call did not run, so failing it and running it again on retry is safe."""
+
+
+class ToolOutcomeUnknown(ToolTransportError):
+    """The request may have reached the tool (a timeout, a connection lost after sending, an
+    answer that is no ToolResult): it may have run. Only an idempotent tool may run again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +119,7 @@ class ToolExecutor:
                     tool_name, args, idempotency_key=idempotency_key or effect_id
                 )
         if self._session is None:
-            raise ToolTransportError("executor is not open")
+            raise ToolUnreachable("executor is not open")
         base = (upstream_url or self.default_upstream).rstrip("/")
         body = orjson.dumps({"args": args, "session_id": session_id, "effect_id": effect_id})
         headers = {
@@ -116,16 +133,19 @@ class ToolExecutor:
             ) as response:
                 raw = await response.read()
                 status = response.status
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
+            # No connection was made: nothing was sent (refused, DNS, connect timeout).
+            raise ToolUnreachable(f"upstream unreachable calling '{tool_name}'") from None
         except TimeoutError:
-            raise ToolTransportError(
+            raise ToolOutcomeUnknown(
                 f"upstream timed out after {self.timeout.total}s calling '{tool_name}'"
             ) from None
-        except aiohttp.ClientError as exc:
-            raise ToolTransportError(f"upstream unreachable calling '{tool_name}': {exc}") from None
+        except aiohttp.ClientError:
+            # Connected, and the request may have been sent: the tool may have run.
+            raise ToolOutcomeUnknown(f"upstream connection lost calling '{tool_name}'") from None
         result = _parse_tool_result(raw)
         if result is None:
-            snippet = raw[:200].decode("utf-8", "replace")
-            raise ToolTransportError(
-                f"upstream answered HTTP {status} without a ToolResult body: {snippet!r}"
+            raise ToolOutcomeUnknown(
+                f"upstream answered HTTP {status} without a ToolResult body calling '{tool_name}'"
             )
         return result
