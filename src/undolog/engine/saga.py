@@ -96,8 +96,9 @@ class RollbackStatus(enum.Enum):
     EMPTY = "empty_undo_stack"  # nothing was ever on the stack
     COMPENSATION_FAILED = "compensation_failed"  # an entry gave up: an operator must act
     WAITING_FOR_RUNNER = "waiting_for_runner"  # the top entry is the other runner's
-    BUSY = "busy"  # another runner holds the top entry
-    BLOCKED = "blocked"  # an entry's forward call is in doubt or still running
+    # The two refusals carry the wire code they are answered with (409).
+    BUSY = "in_progress"  # another runner holds the top entry
+    BLOCKED = "effect_in_doubt"  # an entry's forward call is in doubt or still running
 
 
 @dataclass(frozen=True, slots=True)

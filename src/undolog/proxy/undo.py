@@ -88,11 +88,21 @@ async def _rollback_body(runtime: Runtime, org_id: str, session_id: str) -> dict
     pending = next(
         (e for e in stack if e["state"] not in ("compensated", "skipped", "resolved")), None
     )
+    # The calls that stop the unwinding: in doubt (or still running) under an open entry.
+    open_effects = {
+        e["effect_id"] for e in stack if e["state"] not in ("compensated", "skipped", "resolved")
+    }
+    unsettled = [
+        {"effect_id": e.effect_id, "tool_name": e.tool_name, "state": e.state}
+        for e in view.effects
+        if e.effect_id in open_effects and e.state in ("in_doubt", "executing")
+    ]
     return {
         "session_id": session_id,
         "state": view.session.state,
         "undo_stack": stack,
         "next_entry": pending,
+        "in_doubt_effects": unsettled,
     }
 
 
@@ -129,6 +139,8 @@ async def rollback_session(id: str, request: Request) -> Response:
             409, {"Retry-After": str(runtime.retry_after_seconds)},
         )  # fmt: skip
     if status is RollbackStatus.BLOCKED:
+        # `in_doubt_effects` names them: an operator resolves each (`/effects/{id}/resolve`)
+        # and runs the rollback again.
         blocked = EffectInDoubt(body["next_entry"]["effect_id"])
         return json_response(
             error_body(request_id, blocked.code, blocked.message, **body), blocked.http_status
