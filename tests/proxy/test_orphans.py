@@ -8,15 +8,15 @@ counts it, the session's rollback names it, an operator resolves it, and the rol
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 import httpx
 import pytest
 
-from tests.proxy.test_crash import (  # noqa: F401 - fixtures used by name
+from tests.proxy.test_crash import (  # noqa: F401 - fleet_on: a fixture, used by name
     DEADLINE,
     LEASE_SECONDS,
     Fleet,
-    fleet,
     fleet_on,
     outcome,
     slow_call,
@@ -26,6 +26,11 @@ from tests.support.servers import ProcessServer, wait_until
 pytestmark = pytest.mark.slow
 
 SWEEP = {"UNDOLOG_LEASE_SWEEP_SECONDS": "0.2"}
+
+
+@pytest.fixture
+def fleet(store_url: str, fleet_on: Callable[[str], Fleet]) -> Fleet:  # noqa: F811
+    return fleet_on(store_url)
 
 
 def get(fleet: Fleet, server: ProcessServer, path: str) -> httpx.Response:

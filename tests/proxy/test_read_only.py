@@ -12,14 +12,19 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
+import orjson
 import pytest
 
 from tests.conftest import _pg_admin_url
 from tests.proxy.conftest import ProxyHarness
+from tests.support.servers import wait_until
+from undolog.proxy.held import SPOOL_FILE
 
 TOOL_CALL = "/mcp/tool_call"
 
@@ -110,3 +115,106 @@ def test_replays_write_their_event_when_the_store_can(proxy: ProxyHarness) -> No
         assert outcome(c.post(TOOL_CALL, json=body)) == "200 executed"
         assert outcome(c.post(TOOL_CALL, json=body)) == "200 replayed"
         assert c.get("/overview").json()["replays"] == 1
+
+
+# -- a result the proxy holds is kept until committed --------------------------------------------
+
+
+def spool_lines(proxy: ProxyHarness) -> list[dict[str, Any]]:
+    path = Path(proxy.settings.spool_dir) / SPOOL_FILE
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def held(client: httpx.Client, outcome_label: str) -> float:
+    name = f'undolog_proxy_held_results_total{{outcome="{outcome_label}"}}'
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.fixture
+def holding_proxy(proxy_factory: Any, tmp_path: Path) -> ProxyHarness:
+    harness: ProxyHarness = proxy_factory(
+        lease_seconds=1.5,
+        lease_sweep_seconds=0.2,
+        commit_retry_attempts=2,
+        commit_retry_backoff_ms=10,
+        spool_dir=str(tmp_path / "spool"),
+    )
+    return harness
+
+
+def _cut_mid_call(proxy: ProxyHarness, body: dict[str, Any]) -> httpx.Response:
+    """Send `body` and make the store read-only while the tool runs; the answer."""
+    with ThreadPoolExecutor(1) as pool, proxy.client() as c:
+        pending = pool.submit(c.post, TOOL_CALL, json=body)
+        wait_until(lambda: bool(proxy.counters("slow")), what="the call to reach the upstream")
+        set_read_only(proxy, True)
+        return pending.result(timeout=60)
+
+
+def test_a_result_whose_commit_fails_is_answered_spooled_and_committed_later(
+    holding_proxy: ProxyHarness,
+) -> None:
+    proxy = holding_proxy
+    body = {"session_id": str(uuid.uuid4()), "tool_name": "slow", "step_index": 1,
+            "args": {"seconds": 0.5}}  # fmt: skip
+    try:
+        answer = _cut_mid_call(proxy, body)
+        assert outcome(answer) == "200 executed", answer.text
+        assert answer.headers["X-UndoLog-Commit"] == "pending"
+        effect_id = answer.json()["effect_id"]
+        [line] = spool_lines(proxy)
+        assert (line["status"], line["effect_id"]) == ("held", effect_id)
+        assert line["result"] == {"success": True, "output": {"slept": 0.5}, "error": None}
+    finally:
+        set_read_only(proxy, False)
+    with proxy.client() as c:
+
+        def committed() -> bool:
+            return bool(c.get(f"/effects/{effect_id}").json()["state"] == "committed")
+
+        wait_until(committed, what="the held result to commit")
+        assert held(c, "held") == 1.0
+        wait_until(lambda: held(c, "committed") == 1.0, what="the commit to be counted")
+        replay = c.post(TOOL_CALL, json=body)
+    assert outcome(replay) == "200 replayed"
+    assert replay.json()["result"] == answer.json()["result"]
+    assert [(x["status"], x["effect_id"]) for x in spool_lines(proxy)] == [
+        ("held", effect_id),
+        ("committed", effect_id),
+    ]
+    assert proxy.counters("slow") == {effect_id: 1}
+
+
+def test_a_held_result_that_cannot_commit_within_the_lease_stays_spooled_for_the_operator(
+    holding_proxy: ProxyHarness,
+) -> None:
+    proxy = holding_proxy
+    body = {"session_id": str(uuid.uuid4()), "tool_name": "slow", "step_index": 1,
+            "args": {"seconds": 0.5}}  # fmt: skip
+    with proxy.client() as c:
+        try:
+            answer = _cut_mid_call(proxy, body)
+            assert outcome(answer) == "200 executed", answer.text
+            effect_id = answer.json()["effect_id"]
+            wait_until(lambda: held(c, "given_up") == 1.0, what="the lease to run out")
+        finally:
+            set_read_only(proxy, False)
+
+        def in_doubt() -> bool:
+            return bool(c.get(f"/effects/{effect_id}").json()["state"] == "in_doubt")
+
+        wait_until(in_doubt, what="the sweeper")
+        [line] = spool_lines(proxy)
+        resolved = c.post(
+            f"/effects/{effect_id}/resolve", json={"outcome": "committed", "result": line["result"]}
+        )
+        assert resolved.status_code == 200, resolved.text
+        replay = c.post(TOOL_CALL, json=body)
+    assert outcome(replay) == "200 replayed"
+    assert replay.json()["result"] == answer.json()["result"]
+    assert proxy.counters("slow") == {effect_id: 1}
