@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 
 from tests.proxy.conftest import ProxyHarness
-from tests.support.servers import wait_until
+from tests.proxy.test_read_only import on_proxy_loop
+from tests.support.servers import ThreadServer, wait_until
 from undolog.demo.catalog import DEMO_TOOLS
 
 TOOL_CALL = "/mcp/tool_call"
@@ -158,3 +159,37 @@ def test_an_idempotent_call_longer_than_its_lease_is_not_run_twice(proxy_factory
     assert last > lease * 2
     assert {outcome(d) for d in duplicates} <= {"409 in_progress", "200 replayed"}
     assert upstream_keys(proxy, body["session_id"]) == [answer.json()["effect_id"]]
+
+
+def test_a_rerun_that_loses_the_commit_race_answers_the_recorded_result(
+    proxy_factory: Any,
+) -> None:
+    """A stalls (its lease renewals stop), B reruns the idempotent call under the same key,
+    A's run commits first: B's commit finds the effect committed and answers the replay."""
+    from undolog.proxy import create_app
+
+    lease = 0.5
+    first: ProxyHarness = proxy_factory(lease_seconds=lease, lease_sweep_seconds=1000)
+    on_proxy_loop(first, first.runtime.leases.stop)
+    second = ThreadServer(create_app(first.settings)).start()
+    try:
+        with first.client() as c:
+            spec = {**DEMO_TOOLS["slow"], "idempotent_upstream": True}
+            c.put("/tools/slow", json=spec).raise_for_status()
+        body = slow(str(uuid.uuid4()), lease * 3)
+        with ThreadPoolExecutor(1) as pool, first.client() as on_first:
+            pending = pool.submit(on_first.post, TOOL_CALL, json=body)
+            wait_until(lambda: bool(upstream_keys(first, body["session_id"])), what="the call")
+            with httpx.Client(base_url=second.url, headers={"X-Api-Key": first.api_key}) as c:
+                while outcome(duplicate := c.post(TOOL_CALL, json=body, timeout=30)) == (
+                    "409 in_progress"
+                ):
+                    pass
+            answer = pending.result(timeout=30)
+    finally:
+        second.stop()
+    assert outcome(answer) == "200 executed", answer.json()
+    assert outcome(duplicate) == "200 replayed", duplicate.json()
+    assert duplicate.json()["effect_id"] == answer.json()["effect_id"]
+    assert duplicate.json()["result"] == answer.json()["result"]
+    assert upstream_keys(first, body["session_id"]) == [answer.json()["effect_id"]] * 2

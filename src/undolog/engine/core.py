@@ -622,6 +622,15 @@ class Engine(Registry):
             updated_us=now,
         )
         if not changed:
+            # Another writer moved it first (an approval running it, a concurrent retry):
+            # answer what it is now, as a duplicate arriving a moment later would get.
+            current = await q.get_effect(org_id, effect_id)
+            if current is not None and current.state == EffectState.EXECUTING:
+                return _Plan(error=self._in_progress(current, now))
+            if current is not None and current.state in REPLAYABLE_STATES:
+                return _Plan(decision=self._replay_decision(current, tool))
+            if current is not None and current.state == EffectState.IN_DOUBT:
+                return _Plan(error=EffectInDoubt(effect_id))
             raise InvalidStateTransition(effect_id, effect.state, EffectState.EXECUTING.value)
         await q.insert_event(
             org_id,
