@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,7 @@ class StepKind(enum.Enum):
     OTHER_RUNNER = "other_runner"  # the top entry belongs to the other kind of runner
     BLOCKED = "blocked"  # its forward call is in doubt or still running
     FAILED = "failed"  # it exhausted its retries: an operator must retry or resolve it
+    LOST = "lost"  # its runner died mid-run and it is not idempotent: outcome unknown
     DONE = "done"  # nothing left to undo
 
 
@@ -66,9 +67,17 @@ class Step:
 
 
 def plan_next(
-    stack: Sequence[tuple[UndoEntryRecord, EffectRecord]], runner: str, now_us: int
+    stack: Sequence[tuple[UndoEntryRecord, EffectRecord]],
+    runner: str,
+    now_us: int,
+    idempotent: Collection[str] | None = None,
 ) -> Step:
-    """What to do next with a stack given newest first, for a runner of kind `runner`."""
+    """What to do next with a stack given newest first, for a runner of kind `runner`.
+
+    `idempotent` holds the ids of entries whose compensation is declared idempotent (None:
+    every entry). A claim whose lease lapsed (its runner died mid-run) runs again only for
+    those; any other is `LOST`: its outcome is unknown and an operator must act.
+    """
     for entry, effect in stack:
         if entry.state in _DONE_ENTRY_STATES:
             continue
@@ -83,6 +92,12 @@ def plan_next(
         lease = entry.lease_expires_us
         if entry.state == UndoState.RUNNING and lease is not None and lease > now_us:
             return Step(StepKind.BUSY, entry, effect)
+        if (
+            entry.state == UndoState.RUNNING
+            and idempotent is not None
+            and entry.entry_id not in idempotent
+        ):
+            return Step(StepKind.LOST, entry, effect)
         if entry.runner != runner:
             return Step(StepKind.OTHER_RUNNER, entry, effect)
         return Step(StepKind.RUN, entry, effect)
@@ -109,6 +124,21 @@ class Claim:
     effect: EffectRecord
     payload: dict[str, Any]
     attempts_left: int
+    idempotent: bool = False  # the compensation may run again when its outcome is unknown
+
+
+LOST_RUN = (
+    "compensation outcome unknown: its runner stopped mid-run and it is not declared "
+    "idempotent; check the tool, then retry or resolve this entry"
+)
+
+
+def is_idempotent(compensation_json: str | None) -> bool:
+    """Whether a tool's registered compensation is declared `idempotent`."""
+    if compensation_json is None:
+        return False
+    data = orjson.loads(compensation_json)
+    return isinstance(data, dict) and data.get("idempotent") is True
 
 
 def _now_us() -> int:
@@ -220,7 +250,12 @@ class Saga:
             while True:
                 now = self._clock()
                 stack = await self._stack(q, org_id, session_id)
-                step = plan_next(stack, runner, now)
+                idempotent = await self._idempotent_entries(q, stack)
+                step = plan_next(stack, runner, now, idempotent)
+                if step.kind is StepKind.LOST:
+                    assert step.entry is not None
+                    await self._needs_attention(q, step.entry, LOST_RUN, now)
+                    return RollbackStatus.COMPENSATION_FAILED
                 if step.kind in (StepKind.SKIP, StepKind.SETTLE):
                     assert step.entry is not None
                     target = (
@@ -254,6 +289,63 @@ class Saga:
                     StepKind.OTHER_RUNNER: RollbackStatus.WAITING_FOR_RUNNER,
                     StepKind.BLOCKED: RollbackStatus.BLOCKED,
                 }[step.kind]
+
+    @staticmethod
+    async def _idempotent_entries(
+        q: Queries, stack: Sequence[tuple[UndoEntryRecord, EffectRecord]]
+    ) -> set[str]:
+        """Which claimed entries' compensations are declared idempotent (by their tool's
+        registration now). Only running entries are asked about: the rare case."""
+        found: set[str] = set()
+        for entry, effect in stack:
+            if entry.state != UndoState.RUNNING:
+                continue
+            tool = await q.get_tool(entry.org_id, effect.tool_name)
+            if tool is not None and is_idempotent(tool.compensation_json):
+                found.add(entry.entry_id)
+        return found
+
+    async def _needs_attention(
+        self, q: Queries, entry: UndoEntryRecord, error: str, now: int
+    ) -> None:
+        """A compensation whose outcome is unknown and that may not simply run again: the
+        entry, its effect and the session become failed/`compensation_failed`, with `error`
+        as the entry's `last_error`, until an operator retries or resolves the entry."""
+        await q.update_undo_entry(
+            entry.org_id, entry.entry_id, expect_state=UndoState.RUNNING.value,
+            state=UndoState.FAILED.value, attempts=entry.attempts + 1, last_error=error,
+            lease_expires_us=None, updated_us=now,
+        )  # fmt: skip
+        await q.insert_event(
+            entry.org_id, "compensation_failed", entry.session_id, entry.effect_id,
+            _event({"entry_id": entry.entry_id, "fn_name": entry.fn_name,
+                    "attempt": entry.attempts + 1, "error": error, "in_doubt": True}),
+            now,
+        )  # fmt: skip
+        await q.update_effect(
+            entry.org_id, entry.effect_id, expect_state=EffectState.COMPENSATING.value,
+            state=EffectState.COMPENSATION_FAILED.value, updated_us=now,
+        )  # fmt: skip
+        await q.update_session(
+            entry.org_id, entry.session_id, now, state=SessionState.COMPENSATION_FAILED
+        )
+
+    async def give_up(self, org_id: str, entry_id: str, error: str) -> UndoEntryRecord:
+        """The claimed compensation's outcome is unknown (a timeout, a lost connection) and
+        it is not idempotent: it needs an operator. Raises `CompensationFailed`."""
+        now = self._clock()
+        async with self.store.transaction() as q:
+            entry = await self._running_entry(q, org_id, entry_id)
+            await self._needs_attention(q, entry, error, now)
+        raise CompensationFailed(entry.fn_name, entry.max_retries, error)
+
+    async def renew_claim(self, org_id: str, entry_id: str) -> bool:
+        """Extend a running compensation's claim by a lease (its runner is alive)."""
+        async with self.store.autocommit() as q:
+            return await q.update_undo_entry(
+                org_id, entry_id, expect_state=UndoState.RUNNING.value,
+                lease_expires_us=self._clock() + self.lease_us,
+            )  # fmt: skip
 
     async def _finish(
         self,
@@ -297,11 +389,13 @@ class Saga:
         )  # fmt: skip
         claimed = await q.get_undo_entry(org_id, entry.entry_id)
         assert claimed is not None
+        tool = await q.get_tool(org_id, effect.tool_name)
         return Claim(
             entry=claimed,
             effect=effect,
             payload=compensation_payload(entry, effect),
             attempts_left=max(0, entry.max_retries + 1 - entry.attempts),
+            idempotent=tool is not None and is_idempotent(tool.compensation_json),
         )
 
     async def claim_entry(self, org_id: str, entry_id: str, runner: str) -> Claim:
