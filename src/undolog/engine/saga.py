@@ -94,6 +94,7 @@ def plan_next(
             return Step(StepKind.BUSY, entry, effect)
         if (
             entry.state == UndoState.RUNNING
+            and entry.last_error is None  # an attempt had started (see `Saga.start_attempt`)
             and idempotent is not None
             and entry.entry_id not in idempotent
         ):
@@ -347,6 +348,20 @@ class Saga:
                 lease_expires_us=self._clock() + self.lease_us,
             )  # fmt: skip
 
+    async def start_attempt(self, org_id: str, entry_id: str) -> bool:
+        """A retry of the claimed compensation starts: renew the claim and clear `last_error`.
+
+        A claim whose `last_error` is set stopped between attempts (the failure was reported,
+        nothing is in flight): whoever takes it over may run it. A claim without one had an
+        attempt under way, whose outcome is unknown: only an idempotent compensation runs
+        again (`plan_next`). The claim itself starts the first attempt.
+        """
+        async with self.store.autocommit() as q:
+            return await q.update_undo_entry(
+                org_id, entry_id, expect_state=UndoState.RUNNING.value, last_error=None,
+                lease_expires_us=self._clock() + self.lease_us, updated_us=self._clock(),
+            )  # fmt: skip
+
     async def _finish(
         self,
         q: Queries,
@@ -375,8 +390,9 @@ class Saga:
                 org_id, effect.effect_id, expect_state=effect.state,
                 state=EffectState.COMPENSATING.value, updated_us=now,
             )  # fmt: skip
+        # The first attempt starts with the claim: no `last_error` (see `start_attempt`).
         changed = await q.update_undo_entry(
-            org_id, entry.entry_id, expect_state=entry.state,
+            org_id, entry.entry_id, expect_state=entry.state, last_error=None,
             state=UndoState.RUNNING.value, lease_expires_us=now + self.lease_us, updated_us=now,
         )  # fmt: skip
         if not changed:  # pragma: no cover - we hold the write transaction

@@ -78,6 +78,8 @@ async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | N
     for attempt in range(max(1, claim.attempts_left)):
         if attempt:
             await asyncio.sleep(backoff)
+            if not await runtime.saga.start_attempt(entry.org_id, entry.entry_id):
+                return None  # taken over or settled meanwhile: not ours to run
         try:
             result = await _call_compensation(runtime, claim, request_id)
             error = None if result.success else (result.error or "compensation reported failure")
