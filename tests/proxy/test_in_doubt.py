@@ -9,6 +9,8 @@ same Idempotency-Key. A call that runs longer than the lease on a live proxy kee
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -193,3 +195,52 @@ def test_a_rerun_that_loses_the_commit_race_answers_the_recorded_result(
     assert duplicate.json()["effect_id"] == answer.json()["effect_id"]
     assert duplicate.json()["result"] == answer.json()["result"]
     assert upstream_keys(first, body["session_id"]) == [answer.json()["effect_id"]] * 2
+
+
+class HangUp:
+    """A TCP server that reads each HTTP request and closes the connection without answering:
+    the request reached the 'tool', the answer never came back."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.requests = 0
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                if data:
+                    self.requests += 1
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_connection_lost_after_the_request_was_sent_is_in_doubt(proxy_factory: Any) -> None:
+    hang_up = HangUp()
+    try:
+        proxy: ProxyHarness = proxy_factory(upstream_url=hang_up.url)
+        body = {"session_id": str(uuid.uuid4()), "tool_name": "send_email", "step_index": 1,
+                "args": {"to": "ada@example.com", "subject": "hi"}}  # fmt: skip
+        with proxy.client() as c:
+            answers = [c.post(TOOL_CALL, json=body) for _ in range(3)]
+            effect = c.get(f"/effects/{answers[0].json()['effect_id']}").json()
+    finally:
+        hang_up.close()
+    assert [outcome(a) for a in answers] == ["409 effect_in_doubt"] * 3, answers[0].json()
+    assert effect["state"] == "in_doubt"
+    assert hang_up.requests == 1  # sent once, never again

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -712,7 +712,9 @@ class Engine(Registry):
 
     async def sweep_expired(self, limit: int = 100) -> list[EffectRecord]:
         """Move `executing` effects whose lease expired (their process died, since a live one
-        renews it) to `in_doubt`, without waiting for a retry; the effects moved.
+        renews it) to `in_doubt` — or to `failed` for an `idempotent_upstream` tool, whose
+        retry may run it again under the same key — without waiting for a retry; the effects
+        moved, in their new state.
 
         Safe with several proxies on one PostgreSQL: the rows are claimed `FOR UPDATE SKIP
         LOCKED`, and each move is conditional on the state.
@@ -721,9 +723,29 @@ class Engine(Registry):
         async with self.store.transaction() as q:
             now = self._clock()
             for effect in await q.claim_expired_effects(now, limit):
-                if await self._move_in_doubt(q, effect, LEASE_EXPIRED, now):
-                    moved.append(effect)
+                tool = await q.get_tool(effect.org_id, effect.tool_name)
+                if tool is not None and tool.idempotent_upstream:
+                    # Safe to run again under the same key: failed, and a retry reruns it.
+                    if await self._fail_expired(q, effect, now):
+                        moved.append(replace(effect, state=EffectState.FAILED.value))
+                elif await self._move_in_doubt(q, effect, LEASE_EXPIRED, now):
+                    moved.append(replace(effect, state=EffectState.IN_DOUBT.value))
         return moved
+
+    @staticmethod
+    async def _fail_expired(q: Queries, effect: EffectRecord, now: int) -> bool:
+        changed = await q.update_effect(
+            effect.org_id, effect.effect_id, expect_state=EffectState.EXECUTING.value,
+            state=EffectState.FAILED.value, lease_expires_us=None, error=LEASE_EXPIRED,
+            updated_us=now,
+        )  # fmt: skip
+        if changed:
+            payload = {"stage": "failed", "tool_name": effect.tool_name, "error": LEASE_EXPIRED}
+            await q.insert_event(
+                effect.org_id, "effect_failed", effect.session_id, effect.effect_id,
+                event_json(payload), now,
+            )  # fmt: skip
+        return changed
 
     # -- commit / fail / resolve ---------------------------------------------------------------
 

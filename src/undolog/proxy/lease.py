@@ -5,7 +5,8 @@ hot path, an approved call, an MCP gateway call, or a result whose commit is bei
 `LeaseKeeper` extends the lease every third of it (one UPDATE per call, no event), so a call
 that outlives the lease on a live proxy is still `in_progress` to a duplicate, never lost. Only
 a dead process stops renewing: then `sweep_leases_forever` (one task per proxy, safe with many
-proxies on one PostgreSQL) moves the effect to `in_doubt` without waiting for a retry.
+proxies on one PostgreSQL) moves the effect to `in_doubt` without waiting for a retry (or to
+`failed` for an `idempotent_upstream` tool: its retry runs it again under the same key).
 """
 
 from __future__ import annotations
@@ -127,9 +128,10 @@ async def sweep_leases_forever(runtime: Runtime, interval_seconds: float) -> Non
             runtime.log.exception("lease_sweep_failed")
             moved = []
         for effect in moved:
-            runtime.metrics.effects_in_doubt.labels("lease_expired").inc()
+            if effect.state == "in_doubt":
+                runtime.metrics.effects_in_doubt.labels("lease_expired").inc()
             runtime.log.warning(
-                "effect_in_doubt",
+                "effect_in_doubt" if effect.state == "in_doubt" else "effect_failed",
                 reason="lease_expired",
                 org_id=effect.org_id,
                 session_id=effect.session_id,
