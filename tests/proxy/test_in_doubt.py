@@ -244,3 +244,29 @@ def test_a_connection_lost_after_the_request_was_sent_is_in_doubt(proxy_factory:
     assert [outcome(a) for a in answers] == ["409 effect_in_doubt"] * 3, answers[0].json()
     assert effect["state"] == "in_doubt"
     assert hang_up.requests == 1  # sent once, never again
+
+
+def test_an_approved_call_longer_than_its_lease_keeps_it_while_it_runs(
+    proxy_factory: Any,
+) -> None:
+    lease = 0.6
+    proxy: ProxyHarness = proxy_factory(lease_seconds=lease, lease_sweep_seconds=0.1)
+    body = slow(str(uuid.uuid4()), lease * 4)
+    with proxy.client() as c:
+        c.put("/tools/slow", json={"tier": "irreversible"}).raise_for_status()
+        pending = c.post(TOOL_CALL, json=body)
+        assert outcome(pending) == "202 pending_approval", pending.json()
+        approval_id = pending.json()["approval_id"]
+        duplicates: list[httpx.Response] = []
+        with ThreadPoolExecutor(1) as pool:
+            approving = pool.submit(c.post, f"/approvals/{approval_id}/approve")
+            wait_until(lambda: bool(upstream_keys(proxy, body["session_id"])), what="the run")
+            arrived = time.monotonic()
+            while not approving.done():
+                duplicates.append(c.post(TOOL_CALL, json=body))
+            last = time.monotonic() - arrived
+            approved = approving.result()
+    assert approved.json()["execution"] == "committed", approved.json()
+    assert last > lease * 2
+    assert {outcome(d) for d in duplicates} <= {"409 in_progress", "200 replayed"}
+    assert upstream_keys(proxy, body["session_id"]) == [pending.json()["effect_id"]]
