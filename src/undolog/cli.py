@@ -85,6 +85,12 @@ def serve(
     ready_timeout_seconds: float = typer.Option(
         None, help="Time the store has to answer GET /ready"
     ),
+    lease_sweep_seconds: float = typer.Option(
+        None, help="How often executing calls whose lease expired are moved to in_doubt"
+    ),
+    spool_dir: str = typer.Option(
+        None, help="Where results that could not be committed are kept (env UNDOLOG_SPOOL_DIR)"
+    ),
     log_level: str = typer.Option(None, help="debug, info, warning, error"),
     ui_secret: str = typer.Option(
         None,

@@ -50,6 +50,8 @@ DEFAULT_HEADER_TIMEOUT_SECONDS = 10.0  # to receive a request's headers; then cl
 DEFAULT_KEEP_ALIVE_TIMEOUT_SECONDS = 5.0  # idle time between requests on one connection
 DEFAULT_MAX_CONNECTIONS = 4096  # open at once; above: a canned 503 and close
 DEFAULT_READY_TIMEOUT_SECONDS = 2.0  # for the store to answer `/ready`'s query
+DEFAULT_LEASE_SWEEP_SECONDS = 2.0
+DEFAULT_SPOOL_DIR = "./undolog-spool"
 
 
 def hash_api_key(key: str) -> str:
@@ -133,6 +135,8 @@ class Settings:
     keep_alive_timeout_seconds: float = DEFAULT_KEEP_ALIVE_TIMEOUT_SECONDS
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     ready_timeout_seconds: float = DEFAULT_READY_TIMEOUT_SECONDS
+    lease_sweep_seconds: float = DEFAULT_LEASE_SWEEP_SECONDS
+    spool_dir: str = DEFAULT_SPOOL_DIR  # held results that could not be committed, for operators
     log_level: str = "info"
     ui_secret: str | None = None  # signs dashboard session cookies; None: random per process
     config: str | None = None

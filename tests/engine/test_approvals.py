@@ -26,6 +26,7 @@ from undolog_sdk.errors import (
     ApprovalAlreadyResolved,
     ApprovalRejected,
     ApprovalTimedOut,
+    InProgress,
     InvalidRequest,
     NotFound,
     SessionClosed,
@@ -395,3 +396,34 @@ async def test_a_decision_after_the_deadline_of_an_auto_approving_org_hands_back
     assert late.value.result.run is not None
     assert late.value.result.run.effect_id == effect_id
     assert mine(await approvals.sweep(), org_id) == []
+
+
+# --- an approval racing the agent's retry -------------------------------------------------------
+
+
+async def test_a_retry_that_read_the_call_before_its_approval_ran_it_gets_in_progress(
+    engine: Engine, approvals: Approvals, org_id: str
+) -> None:
+    """The retry read the effect awaiting and the approval approved (PostgreSQL reads each
+    statement's snapshot): the approval moved the effect first, so the retry's write finds it
+    executing and answers `in_progress` (then the replay), never invalid_state_transition."""
+    from undolog.engine.decide import Action
+
+    _, approval_id, effect_id = await pending(engine, org_id)
+    async with engine.store.reader() as q:
+        stale = await q.get_effect(org_id, effect_id)
+    assert stale is not None and stale.state == "awaiting_approval"
+    result = await approvals.decide(org_id, approval_id, Verdict.APPROVE)
+    assert result.run is not None
+    tool = await engine.get_tool(org_id, "delete_database")
+    async with engine.store.transaction() as q:
+        plan = await engine.apply_action(
+            q, Action.EXECUTE_APPROVED, tool, stale, result.approval, engine._clock()
+        )
+    assert isinstance(plan.error, InProgress), plan
+    await engine.commit(org_id, effect_id, '{"success": true, "output": 1, "error": null}')
+    async with engine.store.transaction() as q:
+        plan = await engine.apply_action(
+            q, Action.EXECUTE_APPROVED, tool, stale, result.approval, engine._clock()
+        )
+    assert plan.decision is not None and plan.decision.outcome is Outcome.REPLAY

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from undolog.engine import Engine
-from undolog.engine.saga import Claim, RollbackStatus, Saga, StepKind, plan_next
+from undolog.engine.saga import LOST_RUN, Claim, RollbackStatus, Saga, StepKind, plan_next
 from undolog.store import EffectRecord, EventRecord, Store, UndoEntryRecord
 from undolog_sdk.errors import (
     CompensationFailed,
@@ -407,9 +407,16 @@ async def test_only_skipped_entries_make_an_empty_stack(
     assert await saga.claim(org_id, session, "proxy") is RollbackStatus.EMPTY
 
 
+async def idempotent_undo(engine: Engine, org_id: str, **changes: Any) -> None:
+    """Declare send_email's compensation idempotent: a lost run of it may run again."""
+    compensation = {**UNDO_EMAIL, "idempotent": True, **changes}
+    await engine.register_tool(org_id, "send_email", tier="compensable", compensation=compensation)
+
+
 async def test_a_live_claim_is_busy_and_a_lapsed_one_is_claimed_again_with_the_same_entry(
     saga: Saga, engine: Engine, clock: Clock, org_id: str
 ) -> None:
+    await idempotent_undo(engine, org_id)
     session = new_session()
     await committed(engine, org_id, session, 1)
     await committed(engine, org_id, session, 2)
@@ -448,10 +455,7 @@ async def test_a_failed_attempt_with_retries_left_keeps_the_claim_and_renews_its
 async def test_a_claim_waiting_out_a_long_backoff_is_not_taken_over(
     saga: Saga, engine: Engine, clock: Clock, org_id: str
 ) -> None:
-    await engine.register_tool(
-        org_id, "send_email", tier="compensable",
-        compensation={**UNDO_EMAIL, "retry_backoff_ms": 2 * LEASE_S * 1000},
-    )  # fmt: skip
+    await idempotent_undo(engine, org_id, retry_backoff_ms=2 * LEASE_S * 1000)
     session = new_session()
     await committed(engine, org_id, session, 1)
     await saga.begin(org_id, session)
@@ -655,6 +659,7 @@ async def test_claims_survive_a_new_saga_over_the_same_store(
     saga: Saga, engine: Engine, store: Store, clock: Clock, org_id: str
 ) -> None:
     """A restarted runner (a new Saga) sees a dead one's claim, and takes it after its lease."""
+    await idempotent_undo(engine, org_id)
     session = new_session()
     await committed(engine, org_id, session, 1)
     await saga.begin(org_id, session)
@@ -667,3 +672,26 @@ async def test_claims_survive_a_new_saga_over_the_same_store(
     assert dataclasses.replace(taken.entry, lease_expires_us=None, updated_us=0) == (
         dataclasses.replace(first.entry, lease_expires_us=None, updated_us=0)
     )
+
+
+async def test_a_lapsed_claim_of_a_compensation_not_declared_idempotent_needs_an_operator(
+    saga: Saga, engine: Engine, clock: Clock, org_id: str
+) -> None:
+    """Its runner died mid-run: it may have run. It is not run again; the entry fails with
+    a last_error saying so, and once an operator resolves it the unwinding goes on."""
+    session = new_session()
+    await committed(engine, org_id, session, 1)
+    top = await committed(engine, org_id, session, 2)
+    await saga.begin(org_id, session)
+    claim = await saga.claim(org_id, session, "proxy")
+    assert isinstance(claim, Claim) and claim.effect.effect_id == top
+    assert claim.idempotent is False
+    clock.advance(LEASE_S)  # the runner is gone
+    assert await saga.claim(org_id, session, "proxy") is RollbackStatus.COMPENSATION_FAILED
+    entry = next(e for e in await stack_of(engine.store, org_id, session) if e.effect_id == top)
+    assert (entry.state, entry.last_error) == ("failed", LOST_RUN)
+    assert (await engine.get_effect(org_id, top)).state == "compensation_failed"
+    await saga.resolve(org_id, entry.entry_id, "checked by hand: the email was recalled")
+    await saga.begin(org_id, session)
+    nxt = await saga.claim(org_id, session, "proxy")
+    assert isinstance(nxt, Claim) and nxt.effect.effect_id != top

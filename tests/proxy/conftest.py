@@ -12,6 +12,7 @@ orgs (and keys) of the proxies started before it: otherwise its start would revo
 from __future__ import annotations
 
 import secrets
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +110,7 @@ def make_settings(
         "lease_seconds": 30.0,
         "log_level": "warning",
         "orgs": orgs,
+        "spool_dir": tempfile.mkdtemp(prefix="undolog-spool-"),
     }
     values.update(overrides)
     return Settings(**values)
@@ -174,6 +176,8 @@ def spawn_proxy(
         "UNDOLOG_CONFIG": str(config_path),
         "UNDOLOG_PORT": str(port),
         "UNDOLOG_LOG_LEVEL": "warning",
+        # Held results go next to the config (the test's tmp dir), never into the repo.
+        "UNDOLOG_SPOOL_DIR": str(config_path.parent / "spool"),
         **env,
     }
     return ProcessServer(

@@ -356,7 +356,9 @@ async def test_a_store_outage_refuses_new_calls_loses_no_commit_and_the_proxy_re
             during = await call(refused)
             assert outcome(during) in {"502 intercept_failed", "503 database_error"}
             finished = await asyncio.wait_for(pending, DEADLINE)
-            assert outcome(finished) == "502 commit_failed", finished.json()
+            # The result is held, not dropped: answered, spooled, committed once the store is back.
+            assert outcome(finished) == "200 executed", finished.json()
+            assert finished.headers["X-UndoLog-Commit"] == "pending"
         finally:
             await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
             await admin.close()
@@ -374,13 +376,15 @@ async def test_a_store_outage_refuses_new_calls_loses_no_commit_and_the_proxy_re
         echo_keys = await asyncio.to_thread(fleet.counters, "echo")
         assert echo_keys == {warm.json()["effect_id"]: 1, after.json()["effect_id"]: 1}
 
-        # The call whose commit failed is not lost, and its tool does not run again.
+        # The call whose commit failed is not lost: it commits in the background, and its
+        # tool does not run again.
         [arrived] = await asyncio.to_thread(fleet.upstream_calls, cut["session_id"])
         settled = await asyncio.to_thread(fleet.retry_until_settled, server, cut)
-        assert outcome(settled) == "409 effect_in_doubt", settled.json()
+        assert outcome(settled) == "200 replayed", settled.json()
         assert settled.json()["effect_id"] == arrived["effect_id"]
+        assert settled.json()["result"] == finished.json()["result"]
         view = await asyncio.to_thread(fleet.session, server, cut["session_id"])
         assert [(e["effect_id"], e["state"]) for e in view["effects"]] == [
-            (arrived["effect_id"], "in_doubt")
+            (arrived["effect_id"], "committed")
         ]
         assert await asyncio.to_thread(fleet.counters, "slow") == {arrived["effect_id"]: 1}

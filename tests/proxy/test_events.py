@@ -110,13 +110,14 @@ async def test_each_lifecycle_step_is_an_event_in_the_reference_format(
     assert events[8].json["payload"]["reason"] == "no"
 
 
-async def test_a_failed_call_is_an_effect_failed_event(proxy: ProxyHarness) -> None:
+async def test_a_call_in_doubt_is_an_effect_failed_event(proxy: ProxyHarness) -> None:
     session = new_session()
     body = {"session_id": session, "tool_name": "broken", "step_index": 1, "args": {}}
     async with proxy.async_client() as c, EventStream(c) as stream:
-        assert (await c.post(TOOL_CALL, json=body)).status_code == 502
+        assert (await c.post(TOOL_CALL, json=body)).status_code == 409
         events = await stream.until("effect_failed")
     assert [e.event for e in events] == ["effect_intercepted", "effect_failed"]
+    assert events[1].json["payload"]["stage"] == "in_doubt"
     assert events[1].json["payload"]["error"]
 
 

@@ -214,25 +214,25 @@ def test_a_failed_call_retried_against_a_healthy_upstream_commits_on_the_same_ef
     assert proxy.counters("send_email") == {retry.json()["effect_id"]: 1}
 
 
-def test_a_non_tool_result_error_body_is_a_tool_error(proxy: ProxyHarness) -> None:
+def test_a_non_tool_result_error_body_is_an_ambiguous_outcome(proxy: ProxyHarness) -> None:
     session = new_session()
     with proxy.client() as c:
         response = call(c, session, "broken", {}, step=1)
-        assert response.status_code == 502
-        assert response.json()["code"] == "tool_error"
+        assert response.status_code == 409
+        assert response.json()["code"] == "effect_in_doubt"
         [effect] = session_effects(c, session)
-    assert effect["state"] == "failed"
+    assert effect["state"] == "in_doubt"
 
 
-def test_an_upstream_slower_than_the_timeout_is_a_tool_error(proxy_factory: Any) -> None:
+def test_an_upstream_slower_than_the_timeout_is_an_ambiguous_outcome(proxy_factory: Any) -> None:
     proxy: ProxyHarness = proxy_factory(upstream_timeout_seconds=0.5)
     session = new_session()
     with proxy.client() as c:
         response = call(c, session, "slow", {"seconds": 2}, step=1)
-        assert response.status_code == 502
-        assert response.json()["code"] == "tool_error"
+        assert response.status_code == 409
+        assert response.json()["code"] == "effect_in_doubt"
         [effect] = session_effects(c, session)
-    assert effect["state"] == "failed"
+    assert effect["state"] == "in_doubt"
 
 
 # --- tiers -------------------------------------------------------------------------------

@@ -772,3 +772,35 @@ async def test_a_sqlite_migration_that_cannot_apply_surfaces_as_database_and_app
         assert await clashing.schema_version() == 0
     finally:
         await clashing.close()
+
+
+# -- leases: renewal and the sweeper's claim ----------------------------------------------------
+
+
+async def test_renew_lease_extends_only_the_same_running_attempt(store: Store) -> None:
+    org = new_org()
+    await add_org(store, org)
+    effect = make_effect(org)
+    await add_effect(store, effect)
+    async with store.autocommit() as q:
+        assert await q.renew_lease(org, effect.effect_id, 1, NOW + 99)
+        assert not await q.renew_lease(org, effect.effect_id, 2, NOW + 98)  # another attempt
+        assert (await q.get_effect(org, effect.effect_id)).lease_expires_us == NOW + 99  # type: ignore[union-attr]
+        await q.update_effect(org, effect.effect_id, state="in_doubt")
+        assert not await q.renew_lease(org, effect.effect_id, 1, NOW + 97)  # no longer running
+
+
+async def test_claim_expired_effects_finds_executing_effects_whose_lease_ran_out(
+    store: Store,
+) -> None:
+    org = new_org()
+    await add_org(store, org)
+    expired = make_effect(org, lease_expires_us=NOW - 1)
+    alive = make_effect(org, lease_expires_us=NOW + 10)
+    settled = make_effect(org, lease_expires_us=NOW - 1, state="in_doubt")
+    for effect in (expired, alive, settled):
+        await add_effect(store, effect)
+    async with store.transaction() as q:
+        found = await q.claim_expired_effects(NOW, limit=1000)
+    assert expired.effect_id in {e.effect_id for e in found}
+    assert not {alive.effect_id, settled.effect_id} & {e.effect_id for e in found}

@@ -256,7 +256,7 @@ class UndoLogClient:
         """Ask the proxy to unwind the session (`POST /sessions/{id}/rollback`).
 
         Returns the answer body whatever its outcome (`compensated`, `empty_undo_stack`,
-        `waiting_for_runner`, `compensation_failed`, `busy`, `blocked`).
+        `waiting_for_runner`, `compensation_failed`, `in_progress`, `effect_in_doubt`).
         """
         data: dict[str, Any] = await self._call(
             "POST", f"/sessions/{session_id}/rollback", org_id, outcome=True

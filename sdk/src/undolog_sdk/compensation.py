@@ -97,7 +97,7 @@ async def unwind(client: UndoLogClient, org_id: str, session_id: str) -> str:
             return outcome
         entry = answer.get("next_entry") or {}
         # A lost claim (another runner claimed the entry between the proxy's answer and ours)
-        # falls through to the wait for `busy` below, then asks again.
+        # falls through to the wait for `in_progress` below, then asks again.
         if outcome == "waiting_for_runner" and await _run_entry(client, org_id, entry["entry_id"]):
             continue
         if outcome == "compensation_failed":
@@ -106,9 +106,9 @@ async def unwind(client: UndoLogClient, org_id: str, session_id: str) -> str:
                 int(answer.get("retries") or entry.get("max_retries") or 0),
                 str(answer.get("reason") or entry.get("last_error") or answer.get("message")),
             )
-        if outcome == "blocked":
+        if outcome in ("effect_in_doubt", "blocked"):  # "blocked": proxies before 0.x
             raise _errors.EffectInDoubt(str(entry.get("effect_id")))
-        # busy (or a lost claim): another runner holds the top entry; wait for it, within a
+        # in_progress (or a lost claim): another runner holds the top entry; wait for it, within a
         # deadline.
         if time.monotonic() > deadline:
             raise _errors.InProgress(str(entry.get("effect_id")), int(answer.get("retry_after", 1)))

@@ -42,6 +42,9 @@ class CompensationDescriptor:
         args: arguments captured from the original call before execution.
         max_retries: retries before escalating to `compensation_failed`.
         retry_backoff_ms: delay between retries, in milliseconds.
+        idempotent: the compensation honours its Idempotency-Key (the undo entry id), so a
+            run whose outcome is unknown (its runner died, it timed out) may simply run again.
+            Otherwise such an entry stops the rollback until an operator retries or resolves it.
     """
 
     fn_name: str
@@ -49,24 +52,29 @@ class CompensationDescriptor:
     args: dict[str, Any] = field(default_factory=dict)
     max_retries: int = 3
     retry_backoff_ms: int = 1000
+    idempotent: bool = False
 
     @classmethod
     def new(cls, fn_name: str, args: dict[str, Any] | None = None) -> CompensationDescriptor:
         return cls(fn_name=fn_name, args=dict(args) if args else {})
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "fn_name": self.fn_name,
             "fn_version": self.fn_version,
             "args": self.args,
             "max_retries": self.max_retries,
             "retry_backoff_ms": self.retry_backoff_ms,
         }
+        if self.idempotent:  # absent means false: descriptors written before it stay equal
+            data["idempotent"] = True
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CompensationDescriptor:
         """Build a descriptor from its JSON form; unknown keys are refused."""
-        unknown = set(data) - {"fn_name", "fn_version", "args", "max_retries", "retry_backoff_ms"}
+        known = {"fn_name", "fn_version", "args", "max_retries", "retry_backoff_ms", "idempotent"}
+        unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown compensation fields: {sorted(unknown)}")
         if not isinstance(data.get("fn_name"), str) or not data["fn_name"]:
@@ -79,10 +87,14 @@ class CompensationDescriptor:
         for name, value in (("max_retries", max_retries), ("retry_backoff_ms", backoff)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"compensation.{name} must be a non-negative integer")
+        idempotent = data.get("idempotent", False)
+        if not isinstance(idempotent, bool):
+            raise ValueError("compensation.idempotent must be true or false")
         return cls(
             fn_name=data["fn_name"],
             fn_version=str(data.get("fn_version", "1.0.0")),
             args=args,
             max_retries=max_retries,
             retry_backoff_ms=backoff,
+            idempotent=idempotent,
         )

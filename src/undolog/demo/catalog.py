@@ -8,7 +8,8 @@ __all__ = ["DEMO_TOOLS", "EXAMPLE_TOOLS"]
 
 
 def _undo(fn_name: str) -> dict[str, Any]:
-    return {"fn_name": fn_name, "max_retries": 3, "retry_backoff_ms": 200}
+    # The demo compensations honour the Idempotency-Key: a lost run may run again.
+    return {"fn_name": fn_name, "max_retries": 3, "retry_backoff_ms": 200, "idempotent": True}
 
 
 DEMO_TOOLS: dict[str, dict[str, Any]] = {

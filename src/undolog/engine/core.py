@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -55,6 +55,7 @@ from undolog_sdk.errors import (
     NotExecuting,
     NotFound,
     SessionClosed,
+    UndoLogError,
 )
 from undolog_sdk.signature import call_signature, canonical_json
 from undolog_sdk.tier import CompensationDescriptor, ToolTier
@@ -77,6 +78,9 @@ _UNFINISHED_STATES = (
 # ...or it has a result that has not reached the client (`mark_delivered`).
 ANSWERED_STATES = (EffectState.COMMITTED.value,)
 
+
+# Why an effect is in doubt: its process stopped renewing the lease (it died).
+LEASE_EXPIRED = "execution lease expired before commit or fail"
 
 # The states a call replays from, as the store takes them (`Store.execute_new`).
 _REPLAYABLE = tuple(sorted(state.value for state in REPLAYABLE_STATES))
@@ -119,6 +123,8 @@ class Engine(Registry):
         super().__init__(store, tool_cache_seconds=tool_cache_seconds, clock_us=clock_us)
         self.lease_us = int(lease_seconds * 1_000_000)
         self.retry_after_seconds = max(1, retry_after_seconds)
+        # Replays whose event could not be written (the store refused the write): served anyway.
+        self.replay_events_dropped = 0
 
     # -- intercept ---------------------------------------------------------------------------
 
@@ -261,15 +267,20 @@ class Engine(Registry):
         return InProgress(effect.effect_id, max(1, min(self.retry_after_seconds, remaining_s)))
 
     async def _replay(self, effect: EffectRecord, tool: ToolRecord) -> Decision:
-        async with self.store.autocommit() as q:
-            await q.insert_event(
-                effect.org_id,
-                "effect_replayed",
-                effect.session_id,
-                effect.effect_id,
-                self._replayed_payload(effect.tool_name, effect.step_index),
-                self._clock(),
-            )
+        """A replay is a pure read: its `effect_replayed` event is written best-effort, on its
+        own, so a store that cannot write (disk full, read-only) still serves replays."""
+        try:
+            async with self.store.autocommit() as q:
+                await q.insert_event(
+                    effect.org_id,
+                    "effect_replayed",
+                    effect.session_id,
+                    effect.effect_id,
+                    self._replayed_payload(effect.tool_name, effect.step_index),
+                    self._clock(),
+                )
+        except UndoLogError:
+            self.replay_events_dropped += 1
         return self._replay_decision(effect, tool)
 
     @staticmethod
@@ -324,6 +335,14 @@ class Engine(Registry):
     ) -> _Plan:
         """A call without a step: a retry of an identical call whose answer is owed, or the
         session's next step (see `_UNFINISHED_STATES` and `mark_delivered`)."""
+        # A retry of a committed call whose answer was lost replays without a write (and so
+        # without the session's lock): a store that cannot write still serves it.
+        async with self.store.reader() as q:
+            seen = await q.find_unfinished_call(
+                org_id, session_id, tool.name, args_json, _UNFINISHED_STATES, ANSWERED_STATES
+            )
+        if seen is not None and seen.state in REPLAYABLE_STATES:
+            return _Plan(decision=await self._replay(seen, tool))
         async with self.store.transaction(lock_key=session_lock_key(org_id, session_id)) as q:
             now = self._clock()
             session = await q.touch_session(org_id, session_id, 0, now)
@@ -575,29 +594,7 @@ class Engine(Registry):
         if action is Action.IN_PROGRESS:
             return _Plan(error=self._in_progress(effect, now))
         if action is Action.MARK_IN_DOUBT:
-            check_effect_transition(effect_id, effect.state, EffectState.IN_DOUBT)
-            await q.update_effect(
-                org_id,
-                effect_id,
-                expect_state=effect.state,
-                state=EffectState.IN_DOUBT.value,
-                lease_expires_us=None,
-                updated_us=now,
-            )
-            await q.insert_event(
-                org_id,
-                "effect_failed",
-                effect.session_id,
-                effect_id,
-                event_json(
-                    {
-                        "stage": "in_doubt",
-                        "tool_name": effect.tool_name,
-                        "error": "execution lease expired before commit or fail",
-                    }
-                ),
-                now,
-            )
+            await self._move_in_doubt(q, effect, LEASE_EXPIRED, now)
             return _Plan(error=EffectInDoubt(effect_id))
         if action is Action.IN_DOUBT:
             return _Plan(error=EffectInDoubt(effect_id))
@@ -625,6 +622,15 @@ class Engine(Registry):
             updated_us=now,
         )
         if not changed:
+            # Another writer moved it first (an approval running it, a concurrent retry):
+            # answer what it is now, as a duplicate arriving a moment later would get.
+            current = await q.get_effect(org_id, effect_id)
+            if current is not None and current.state == EffectState.EXECUTING:
+                return _Plan(error=self._in_progress(current, now))
+            if current is not None and current.state in REPLAYABLE_STATES:
+                return _Plan(decision=self._replay_decision(current, tool))
+            if current is not None and current.state == EffectState.IN_DOUBT:
+                return _Plan(error=EffectInDoubt(effect_id))
             raise InvalidStateTransition(effect_id, effect.state, EffectState.EXECUTING.value)
         await q.insert_event(
             org_id,
@@ -653,6 +659,93 @@ class Engine(Registry):
                 attempt=attempt,
             )
         )
+
+    # -- in doubt: ambiguous outcomes, expired leases ----------------------------------------
+
+    @staticmethod
+    async def _move_in_doubt(q: Queries, effect: EffectRecord, reason: str, now: int) -> bool:
+        """executing → in_doubt with its `effect_failed` event (stage `in_doubt`); False when
+        the effect had moved on meanwhile (nothing written)."""
+        check_effect_transition(effect.effect_id, effect.state, EffectState.IN_DOUBT)
+        changed = await q.update_effect(
+            effect.org_id,
+            effect.effect_id,
+            expect_state=effect.state,
+            state=EffectState.IN_DOUBT.value,
+            lease_expires_us=None,
+            error=reason,
+            updated_us=now,
+        )
+        if not changed:
+            return False
+        payload = {"stage": "in_doubt", "tool_name": effect.tool_name, "error": reason}
+        await q.insert_event(
+            effect.org_id, "effect_failed", effect.session_id, effect.effect_id,
+            event_json(payload), now,
+        )  # fmt: skip
+        return True
+
+    async def mark_in_doubt(
+        self, org_id: str, effect_id: str, reason: str, *, attempt: int
+    ) -> EffectRecord | None:
+        """The run of `attempt` ended with an ambiguous outcome (a timeout, a connection lost
+        after sending, an answer that is no ToolResult): the tool may have run, so the effect
+        is `in_doubt` until an operator resolves it. None when that run was no longer the
+        effect's (another attempt took over, or it was settled meanwhile)."""
+        async with self.store.transaction() as q:
+            effect = await q.get_effect(org_id, effect_id)
+            if (
+                effect is None
+                or effect.state != EffectState.EXECUTING
+                or effect.attempts != attempt
+            ):
+                return None
+            now = self._clock()
+            if not await self._move_in_doubt(q, effect, reason, now):
+                return None
+            return await q.get_effect(org_id, effect_id)
+
+    async def renew_lease(self, org_id: str, effect_id: str, attempt: int) -> bool:
+        """Extend a running call's lease by a full lease from now (see `Queries.renew_lease`)."""
+        async with self.store.autocommit() as q:
+            return await q.renew_lease(org_id, effect_id, attempt, self._clock() + self.lease_us)
+
+    async def sweep_expired(self, limit: int = 100) -> list[EffectRecord]:
+        """Move `executing` effects whose lease expired (their process died, since a live one
+        renews it) to `in_doubt` — or to `failed` for an `idempotent_upstream` tool, whose
+        retry may run it again under the same key — without waiting for a retry; the effects
+        moved, in their new state.
+
+        Safe with several proxies on one PostgreSQL: the rows are claimed `FOR UPDATE SKIP
+        LOCKED`, and each move is conditional on the state.
+        """
+        moved = []
+        async with self.store.transaction() as q:
+            now = self._clock()
+            for effect in await q.claim_expired_effects(now, limit):
+                tool = await q.get_tool(effect.org_id, effect.tool_name)
+                if tool is not None and tool.idempotent_upstream:
+                    # Safe to run again under the same key: failed, and a retry reruns it.
+                    if await self._fail_expired(q, effect, now):
+                        moved.append(replace(effect, state=EffectState.FAILED.value))
+                elif await self._move_in_doubt(q, effect, LEASE_EXPIRED, now):
+                    moved.append(replace(effect, state=EffectState.IN_DOUBT.value))
+        return moved
+
+    @staticmethod
+    async def _fail_expired(q: Queries, effect: EffectRecord, now: int) -> bool:
+        changed = await q.update_effect(
+            effect.org_id, effect.effect_id, expect_state=EffectState.EXECUTING.value,
+            state=EffectState.FAILED.value, lease_expires_us=None, error=LEASE_EXPIRED,
+            updated_us=now,
+        )  # fmt: skip
+        if changed:
+            payload = {"stage": "failed", "tool_name": effect.tool_name, "error": LEASE_EXPIRED}
+            await q.insert_event(
+                effect.org_id, "effect_failed", effect.session_id, effect.effect_id,
+                event_json(payload), now,
+            )  # fmt: skip
+        return changed
 
     # -- commit / fail / resolve ---------------------------------------------------------------
 
@@ -701,7 +794,9 @@ class Engine(Registry):
             effect = await q.get_effect(org_id, effect_id)
         if effect is None:
             raise NotFound(f"effect '{effect_id}' not found")
-        if effect.state != EffectState.IN_DOUBT:
+        lease = effect.lease_expires_us
+        orphan = effect.state == EffectState.EXECUTING and (lease is None or lease <= self._clock())
+        if effect.state != EffectState.IN_DOUBT and not orphan:
             raise InvalidStateTransition(effect_id, effect.state, target.value)
         if target is EffectState.COMMITTED and result_json is None:
             raise InvalidRequest("resolving as committed needs a result")

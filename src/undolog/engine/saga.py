@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,7 @@ class StepKind(enum.Enum):
     OTHER_RUNNER = "other_runner"  # the top entry belongs to the other kind of runner
     BLOCKED = "blocked"  # its forward call is in doubt or still running
     FAILED = "failed"  # it exhausted its retries: an operator must retry or resolve it
+    LOST = "lost"  # its runner died mid-run and it is not idempotent: outcome unknown
     DONE = "done"  # nothing left to undo
 
 
@@ -66,9 +67,17 @@ class Step:
 
 
 def plan_next(
-    stack: Sequence[tuple[UndoEntryRecord, EffectRecord]], runner: str, now_us: int
+    stack: Sequence[tuple[UndoEntryRecord, EffectRecord]],
+    runner: str,
+    now_us: int,
+    idempotent: Collection[str] | None = None,
 ) -> Step:
-    """What to do next with a stack given newest first, for a runner of kind `runner`."""
+    """What to do next with a stack given newest first, for a runner of kind `runner`.
+
+    `idempotent` holds the ids of entries whose compensation is declared idempotent (None:
+    every entry). A claim whose lease lapsed (its runner died mid-run) runs again only for
+    those; any other is `LOST`: its outcome is unknown and an operator must act.
+    """
     for entry, effect in stack:
         if entry.state in _DONE_ENTRY_STATES:
             continue
@@ -83,6 +92,13 @@ def plan_next(
         lease = entry.lease_expires_us
         if entry.state == UndoState.RUNNING and lease is not None and lease > now_us:
             return Step(StepKind.BUSY, entry, effect)
+        if (
+            entry.state == UndoState.RUNNING
+            and entry.last_error is None  # an attempt had started (see `Saga.start_attempt`)
+            and idempotent is not None
+            and entry.entry_id not in idempotent
+        ):
+            return Step(StepKind.LOST, entry, effect)
         if entry.runner != runner:
             return Step(StepKind.OTHER_RUNNER, entry, effect)
         return Step(StepKind.RUN, entry, effect)
@@ -96,8 +112,9 @@ class RollbackStatus(enum.Enum):
     EMPTY = "empty_undo_stack"  # nothing was ever on the stack
     COMPENSATION_FAILED = "compensation_failed"  # an entry gave up: an operator must act
     WAITING_FOR_RUNNER = "waiting_for_runner"  # the top entry is the other runner's
-    BUSY = "busy"  # another runner holds the top entry
-    BLOCKED = "blocked"  # an entry's forward call is in doubt or still running
+    # The two refusals carry the wire code they are answered with (409).
+    BUSY = "in_progress"  # another runner holds the top entry
+    BLOCKED = "effect_in_doubt"  # an entry's forward call is in doubt or still running
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +125,21 @@ class Claim:
     effect: EffectRecord
     payload: dict[str, Any]
     attempts_left: int
+    idempotent: bool = False  # the compensation may run again when its outcome is unknown
+
+
+LOST_RUN = (
+    "compensation outcome unknown: its runner stopped mid-run and it is not declared "
+    "idempotent; check the tool, then retry or resolve this entry"
+)
+
+
+def is_idempotent(compensation_json: str | None) -> bool:
+    """Whether a tool's registered compensation is declared `idempotent`."""
+    if compensation_json is None:
+        return False
+    data = orjson.loads(compensation_json)
+    return isinstance(data, dict) and data.get("idempotent") is True
 
 
 def _now_us() -> int:
@@ -219,7 +251,12 @@ class Saga:
             while True:
                 now = self._clock()
                 stack = await self._stack(q, org_id, session_id)
-                step = plan_next(stack, runner, now)
+                idempotent = await self._idempotent_entries(q, stack)
+                step = plan_next(stack, runner, now, idempotent)
+                if step.kind is StepKind.LOST:
+                    assert step.entry is not None
+                    await self._needs_attention(q, step.entry, LOST_RUN, now)
+                    return RollbackStatus.COMPENSATION_FAILED
                 if step.kind in (StepKind.SKIP, StepKind.SETTLE):
                     assert step.entry is not None
                     target = (
@@ -254,6 +291,77 @@ class Saga:
                     StepKind.BLOCKED: RollbackStatus.BLOCKED,
                 }[step.kind]
 
+    @staticmethod
+    async def _idempotent_entries(
+        q: Queries, stack: Sequence[tuple[UndoEntryRecord, EffectRecord]]
+    ) -> set[str]:
+        """Which claimed entries' compensations are declared idempotent (by their tool's
+        registration now). Only running entries are asked about: the rare case."""
+        found: set[str] = set()
+        for entry, effect in stack:
+            if entry.state != UndoState.RUNNING:
+                continue
+            tool = await q.get_tool(entry.org_id, effect.tool_name)
+            if tool is not None and is_idempotent(tool.compensation_json):
+                found.add(entry.entry_id)
+        return found
+
+    async def _needs_attention(
+        self, q: Queries, entry: UndoEntryRecord, error: str, now: int
+    ) -> None:
+        """A compensation whose outcome is unknown and that may not simply run again: the
+        entry, its effect and the session become failed/`compensation_failed`, with `error`
+        as the entry's `last_error`, until an operator retries or resolves the entry."""
+        await q.update_undo_entry(
+            entry.org_id, entry.entry_id, expect_state=UndoState.RUNNING.value,
+            state=UndoState.FAILED.value, attempts=entry.attempts + 1, last_error=error,
+            lease_expires_us=None, updated_us=now,
+        )  # fmt: skip
+        await q.insert_event(
+            entry.org_id, "compensation_failed", entry.session_id, entry.effect_id,
+            _event({"entry_id": entry.entry_id, "fn_name": entry.fn_name,
+                    "attempt": entry.attempts + 1, "error": error, "in_doubt": True}),
+            now,
+        )  # fmt: skip
+        await q.update_effect(
+            entry.org_id, entry.effect_id, expect_state=EffectState.COMPENSATING.value,
+            state=EffectState.COMPENSATION_FAILED.value, updated_us=now,
+        )  # fmt: skip
+        await q.update_session(
+            entry.org_id, entry.session_id, now, state=SessionState.COMPENSATION_FAILED
+        )
+
+    async def give_up(self, org_id: str, entry_id: str, error: str) -> UndoEntryRecord:
+        """The claimed compensation's outcome is unknown (a timeout, a lost connection) and
+        it is not idempotent: it needs an operator. Raises `CompensationFailed`."""
+        now = self._clock()
+        async with self.store.transaction() as q:
+            entry = await self._running_entry(q, org_id, entry_id)
+            await self._needs_attention(q, entry, error, now)
+        raise CompensationFailed(entry.fn_name, entry.max_retries, error)
+
+    async def renew_claim(self, org_id: str, entry_id: str) -> bool:
+        """Extend a running compensation's claim by a lease (its runner is alive)."""
+        async with self.store.autocommit() as q:
+            return await q.update_undo_entry(
+                org_id, entry_id, expect_state=UndoState.RUNNING.value,
+                lease_expires_us=self._clock() + self.lease_us,
+            )  # fmt: skip
+
+    async def start_attempt(self, org_id: str, entry_id: str) -> bool:
+        """A retry of the claimed compensation starts: renew the claim and clear `last_error`.
+
+        A claim whose `last_error` is set stopped between attempts (the failure was reported,
+        nothing is in flight): whoever takes it over may run it. A claim without one had an
+        attempt under way, whose outcome is unknown: only an idempotent compensation runs
+        again (`plan_next`). The claim itself starts the first attempt.
+        """
+        async with self.store.autocommit() as q:
+            return await q.update_undo_entry(
+                org_id, entry_id, expect_state=UndoState.RUNNING.value, last_error=None,
+                lease_expires_us=self._clock() + self.lease_us, updated_us=self._clock(),
+            )  # fmt: skip
+
     async def _finish(
         self,
         q: Queries,
@@ -282,8 +390,9 @@ class Saga:
                 org_id, effect.effect_id, expect_state=effect.state,
                 state=EffectState.COMPENSATING.value, updated_us=now,
             )  # fmt: skip
+        # The first attempt starts with the claim: no `last_error` (see `start_attempt`).
         changed = await q.update_undo_entry(
-            org_id, entry.entry_id, expect_state=entry.state,
+            org_id, entry.entry_id, expect_state=entry.state, last_error=None,
             state=UndoState.RUNNING.value, lease_expires_us=now + self.lease_us, updated_us=now,
         )  # fmt: skip
         if not changed:  # pragma: no cover - we hold the write transaction
@@ -296,11 +405,13 @@ class Saga:
         )  # fmt: skip
         claimed = await q.get_undo_entry(org_id, entry.entry_id)
         assert claimed is not None
+        tool = await q.get_tool(org_id, effect.tool_name)
         return Claim(
             entry=claimed,
             effect=effect,
             payload=compensation_payload(entry, effect),
             attempts_left=max(0, entry.max_retries + 1 - entry.attempts),
+            idempotent=tool is not None and is_idempotent(tool.compensation_json),
         )
 
     async def claim_entry(self, org_id: str, entry_id: str, runner: str) -> Claim:

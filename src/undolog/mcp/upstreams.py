@@ -70,7 +70,12 @@ from mcp_types import (
 
 from undolog.mcp.config import PREFIX_SEPARATOR, McpToolPolicy, McpUpstream, tier_for
 from undolog.mcp.mapping import MappingError, resolve_mapping
-from undolog.proxy.executor import ToolResult, ToolTransportError
+from undolog.proxy.executor import (
+    ToolOutcomeUnknown,
+    ToolResult,
+    ToolTransportError,
+    ToolUnreachable,
+)
 
 __all__ = [
     "COMPENSATION_ARGS_KEY",
@@ -289,7 +294,7 @@ class _Link:
                 assert self.client is not None
                 return self.client
             if backoff and self.error is not None and time.monotonic() < self._retry_at:
-                raise ToolTransportError(self.unavailable())
+                raise ToolUnreachable(self.unavailable())
             ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
             self._stop = asyncio.Event()
             self._task = asyncio.create_task(self._hold(ready), name=f"mcp-{self.upstream.name}")
@@ -306,7 +311,7 @@ class _Link:
                     error=self.error,
                     retry_seconds=self.retry_seconds,
                 )
-                raise ToolTransportError(self.unavailable()) from None
+                raise ToolUnreachable(self.unavailable()) from None
             if self.error is not None:
                 _log.info("mcp_upstream_reconnected", upstream=self.upstream.name)
             self.error = None
@@ -333,7 +338,7 @@ class _Link:
         finally:
             self.client = None
             if not ready.done():  # cancelled while connecting
-                ready.set_exception(ToolTransportError("the upstream connection was closed"))
+                ready.set_exception(ToolUnreachable("the upstream connection was closed"))
 
     async def close(self) -> None:
         self._stop.set()
@@ -440,23 +445,23 @@ class UpstreamPool:
         split = self._split(name)
         link = self._links.get(split[0].name) if split is not None else None
         if split is None or link is None:
-            raise ToolTransportError(f"no MCP upstream serves '{name}'")
+            raise ToolUnreachable(f"no MCP upstream serves '{name}'")
         upstream, tool = split
         client = await link.connect()
         try:
             return await client.call_tool(tool, args)
         except MCPError as exc:
             if exc.error.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
-                raise ToolTransportError(
+                raise ToolOutcomeUnknown(
                     f"upstream '{upstream.name}' failed on '{tool}': {exc}"
                 ) from None
             return _error_result(f"upstream '{upstream.name}' refused '{tool}': {exc}")
         except TimeoutError:
-            raise ToolTransportError(
+            raise ToolOutcomeUnknown(
                 f"upstream '{upstream.name}' timed out after {self.timeout_seconds}s on '{tool}'"
             ) from None
         except Exception as exc:  # a broken pipe, a closed stream: the call's outcome is unknown
-            raise ToolTransportError(
+            raise ToolOutcomeUnknown(
                 f"upstream '{upstream.name}' failed on '{tool}': {exc!r}"
             ) from None
 

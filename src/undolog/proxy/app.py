@@ -29,6 +29,8 @@ from undolog.proxy.edge import Edge, KeyResolver
 from undolog.proxy.events import EventBroker
 from undolog.proxy.events import router as events_router
 from undolog.proxy.executor import ToolExecutor
+from undolog.proxy.held import HeldResults
+from undolog.proxy.lease import LeaseKeeper, sweep_leases_forever
 from undolog.proxy.metrics import ProxyMetrics
 from undolog.proxy.overview import router as overview_router
 from undolog.proxy.ready import router as ready_router
@@ -81,6 +83,8 @@ class Runtime:
     executor: ToolExecutor
     metrics: ProxyMetrics
     deliveries: Deliveries
+    leases: LeaseKeeper
+    held: HeldResults
     retry_after_seconds: int
     commit_retry_attempts: int
     commit_retry_backoff_ms: int
@@ -173,6 +177,8 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
         executor=executor,
         metrics=proxy_metrics,
         deliveries=Deliveries(engine),
+        leases=LeaseKeeper(engine, settings.lease_seconds),
+        held=HeldResults(settings.spool_dir),
         retry_after_seconds=settings.retry_after_seconds,
         commit_retry_attempts=max(1, settings.commit_retry_attempts),
         commit_retry_backoff_ms=settings.commit_retry_backoff_ms,
@@ -223,14 +229,21 @@ def create_app(settings: Settings) -> Any:
         app.state.runtime = runtime
         try:
             await runtime.broker.start()
-            sweeper = asyncio.create_task(sweep_forever(runtime, settings.approval_sweep_seconds))
+            runtime.leases.start()
+            sweepers = [
+                asyncio.create_task(sweep_forever(runtime, settings.approval_sweep_seconds)),
+                asyncio.create_task(sweep_leases_forever(runtime, settings.lease_sweep_seconds)),
+            ]
             try:
                 async with gateway.serving(runtime):
                     yield
             finally:
-                sweeper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sweeper
+                for sweeper in sweepers:
+                    sweeper.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await sweeper
+                await runtime.held.close()
+                await runtime.leases.stop()
                 await runtime.broker.stop()
         finally:
             # Also when start-up fails after the store opened: a store left open hangs the exit.

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from undolog.engine.approvals import DecisionResult, ResolvedByPolicy, Verdict
 from undolog.proxy.toolcall import execute_decision
 from undolog.proxy.wire import approval_json, error_response, json_response
-from undolog_sdk.errors import InvalidRequest, UndoLogError
+from undolog_sdk.errors import EffectInDoubt, InvalidRequest, UndoLogError
 
 if TYPE_CHECKING:
     from undolog.proxy.app import Runtime
@@ -138,9 +138,14 @@ async def _run_approved(
     execution = await execute_decision(
         runtime, result.run, orjson.loads(effect.args_json), effect.session_id, request_id, log
     )
+    if isinstance(execution.error, EffectInDoubt):  # the tool may have run: an operator decides
+        return {"execution": "in_doubt", "error": execution.error.message}
     if execution.error is not None:
         return {"execution": "failed", "error": execution.error.message}
-    return {"execution": "committed", "result": orjson.loads(execution.result_json or "null")}
+    result = orjson.loads(execution.result_json or "null")
+    if execution.commit_pending:  # held: spooled and committed in the background
+        return {"execution": "commit_pending", "result": result}
+    return {"execution": "committed", "result": result}
 
 
 @router.post("/approvals/{id}/approve")

@@ -22,13 +22,30 @@ import yarl
 
 from undolog.upstreams import UpstreamRegistry, signed_headers, tool_url
 
-__all__ = ["ToolExecutor", "ToolResult", "ToolRouter", "ToolTransportError"]
+__all__ = [
+    "ToolExecutor",
+    "ToolOutcomeUnknown",
+    "ToolResult",
+    "ToolRouter",
+    "ToolTransportError",
+    "ToolUnreachable",
+]
 
 _log = structlog.get_logger("undolog.executor")
 
 
 class ToolTransportError(Exception):
     """The upstream could not be reached, timed out, or answered with no ToolResult."""
+
+
+class ToolUnreachable(ToolTransportError):
+    """The request provably never reached the tool (refused, name not resolved, nothing sent):
+    the call did not run, so failing it and running it again on retry is safe."""
+
+
+class ToolOutcomeUnknown(ToolTransportError):
+    """The request may have reached the tool (a timeout, a connection lost after sending, an
+    answer that is no ToolResult): it may have run. Only an idempotent tool may run again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,12 +135,12 @@ class ToolExecutor:
                     tool_name, args, idempotency_key=idempotency_key or effect_id
                 )
         if self._session is None:
-            raise ToolTransportError("executor is not open")
+            raise ToolUnreachable("executor is not open")
         target = self.upstreams.for_org(upstream, org_id)
         if target is None:
             # Configuration changed since the tool was registered: refuse, send nothing.
             _log.warning("upstream_not_usable", upstream=upstream, org_id=org_id, tool=tool_name)
-            raise ToolTransportError(f"upstream for '{tool_name}' is not configured for this org")
+            raise ToolUnreachable(f"upstream for '{tool_name}' is not configured for this org")
         body = orjson.dumps({"args": args, "session_id": session_id, "effect_id": effect_id})
         headers = {
             "Content-Type": "application/json",
@@ -142,16 +159,20 @@ class ToolExecutor:
             ) as response:
                 raw = await response.read()
                 status = response.status
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
+            # No connection was made: nothing was sent (refused, DNS, connect timeout).
+            raise ToolUnreachable(f"upstream unreachable calling '{tool_name}'") from None
         except TimeoutError:
             log.warning("upstream_timeout", timeout_seconds=self.timeout.total)
-            raise ToolTransportError(
+            raise ToolOutcomeUnknown(
                 f"upstream timed out after {self.timeout.total}s calling '{tool_name}'"
             ) from None
         except aiohttp.ClientError as exc:
-            log.warning("upstream_unreachable", error=repr(exc))
-            raise ToolTransportError(f"upstream unreachable calling '{tool_name}'") from None
+            # Connected, and the request may have been sent: the tool may have run.
+            log.warning("upstream_connection_lost", error=repr(exc))
+            raise ToolOutcomeUnknown(f"upstream connection lost calling '{tool_name}'") from None
         result = _parse_tool_result(raw)
         if result is None:
             log.warning("upstream_bad_answer", status=status, bytes=len(raw))
-            raise ToolTransportError(f"upstream gave no valid ToolResult calling '{tool_name}'")
+            raise ToolOutcomeUnknown(f"upstream gave no valid ToolResult calling '{tool_name}'")
         return result

@@ -29,6 +29,8 @@ class ProxyMetrics:
     sse_events_dropped: Counter
     approval_decisions: Counter
     approval_decision_duration: Histogram
+    effects_in_doubt: Counter
+    held_results: Counter
 
     @classmethod
     def create(cls) -> ProxyMetrics:
@@ -97,6 +99,20 @@ class ProxyMetrics:
                 "Approval decision latency.",
                 ["action"],
                 buckets=_LATENCY_BUCKETS,
+                registry=r,
+            ),
+            effects_in_doubt=Counter(
+                "undolog_proxy_effects_in_doubt_total",
+                "Effects moved to in_doubt: outcome_unknown (a timeout, a lost connection, "
+                "a broken answer), lease_expired (the sweeper), compensation_unknown.",
+                ["reason"],
+                registry=r,
+            ),
+            held_results=Counter(
+                "undolog_proxy_held_results_total",
+                "Results whose commit failed: held (answered, spooled, retried in the "
+                "background), committed (later), given_up (left in the spool for an operator).",
+                ["outcome"],
                 registry=r,
             ),
         )

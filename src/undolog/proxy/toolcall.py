@@ -16,8 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from undolog.engine import Decision, Outcome
+from undolog.engine.states import REPLAYABLE_STATES
 from undolog.proxy.delivery import AnswerWatch, WatchedResponse
-from undolog.proxy.executor import ToolTransportError
+from undolog.proxy.executor import ToolTransportError, ToolUnreachable
 from undolog.proxy.wire import (
     JSON_TYPE,
     JSONDecodeError,
@@ -30,6 +31,7 @@ from undolog_sdk.errors import (
     CommitFailed,
     Database,
     DuplicateSignature,
+    EffectInDoubt,
     InterceptFailed,
     Internal,
     InvalidRequest,
@@ -41,13 +43,15 @@ from undolog_sdk.errors import (
 if TYPE_CHECKING:
     from undolog.proxy.app import Runtime
 
-__all__ = ["Execution", "execute_decision", "parse_tool_call", "tool_call"]
+__all__ = ["COMMIT_HEADER", "Execution", "execute_decision", "parse_tool_call", "tool_call"]
 
 T = TypeVar("T")
 
 # Failures of the engine itself (as opposed to answers about the call): 502 intercept_failed.
 _ENGINE_FAILURES = (Database, Internal, Serialization, AdvisoryLockTimeout, DuplicateSignature)
 _MODE_HEADER = "x-undolog-mode"
+# On an answer whose result is held, not yet committed (`undolog.proxy.held`).
+COMMIT_HEADER = "X-UndoLog-Commit"
 
 
 def parse_tool_call(body: bytes) -> dict[str, Any]:
@@ -205,29 +209,52 @@ async def _answer(
     execution = await execute_decision(runtime, decision, args, session_id, request_id, log)
     if execution.error is not None:
         return error_response(request_id, execution.error), decision
-    body = b'{"status":"executed","effect_id":"%s","result":%s}' % (
+    body = b'{"status":"%s","effect_id":"%s","result":%s}' % (
+        b"replayed" if execution.replayed else b"executed",
         decision.effect_id.encode(),
         (execution.result_json or "null").encode(),
     )
+    if execution.commit_pending:
+        headers = {**(headers or {}), COMMIT_HEADER: "pending"}
     return Response(body, media_type=JSON_TYPE, headers=headers), decision
 
 
 @dataclass(frozen=True, slots=True)
 class Execution:
-    """How a run went: committed with `result_json`, or not, with the error to answer."""
+    """How a run went: committed with `result_json`, or not, with the error to answer.
+
+    `commit_pending`: the result is answered although its commit failed; it is spooled and
+    committed in the background (`undolog.proxy.held`). `replayed`: another run of the same
+    effect committed first, and `result_json` is the recorded result.
+    """
 
     result_json: str | None
     error: UndoLogError | None
+    commit_pending: bool = False
+    replayed: bool = False
 
 
 async def execute_decision(
     runtime: Runtime, decision: Decision, args: Any, session_id: str, request_id: str, log: Any
 ) -> Execution:
-    """Run an Execute decision on the upstream, then commit it (or fail it).
+    """Run an Execute decision on the upstream, then commit it (or fail it, or put it in doubt).
 
-    Commit/Fail are retried on transient store errors. A transport failure fails the effect
-    and yields `ToolError`; a commit that cannot be recorded yields `CommitFailed`.
+    While it runs, this process renews the effect's lease. A failure that proves the request
+    never reached the tool fails the effect (`ToolError`; a retry runs it again). An ambiguous
+    outcome (timeout, connection lost after sending, no ToolResult) puts it `in_doubt`
+    (`EffectInDoubt`) — unless the tool is `idempotent_upstream`: then it is failed, and the
+    retry runs it again with the same Idempotency-Key. A result whose commit keeps failing is
+    held (spooled, answered, committed in the background), never dropped.
     """
+    if not decision.logged:
+        return await _run_and_settle(runtime, decision, args, session_id, request_id, log)
+    with runtime.leases.hold(decision.tool.org_id, decision.effect_id, decision.attempt):
+        return await _run_and_settle(runtime, decision, args, session_id, request_id, log)
+
+
+async def _run_and_settle(
+    runtime: Runtime, decision: Decision, args: Any, session_id: str, request_id: str, log: Any
+) -> Execution:
     org_id = decision.tool.org_id
     effect_id = decision.effect_id
     log = log.bind(effect_id=effect_id, tool_name=decision.tool.name)
@@ -246,28 +273,67 @@ async def execute_decision(
         runtime.metrics.executor_duration.labels("error").observe(time.perf_counter() - started)
         message = str(exc)
         log.warning("tool_error", error=message)
-        if decision.logged:
+        if not decision.logged:
+            return Execution(None, ToolError(message))
+        unreachable = isinstance(exc, ToolUnreachable)
+        if unreachable or decision.tool.idempotent_upstream:
+            # Never ran, or safe to run again under the same key: failed, and a retry reruns it.
             try:
                 await _with_retries(
                     runtime, "fail", lambda: runtime.engine.fail(org_id, effect_id, message)
                 )
             except UndoLogError as fail_exc:
                 log.error("fail_not_recorded", error=fail_exc.message)
-        return Execution(None, ToolError(message))
+            return Execution(None, ToolError(message))
+        return await _in_doubt(runtime, decision, message, log)
     runtime.metrics.executor_duration.labels("success" if result.success else "failure").observe(
         time.perf_counter() - started
     )
     result_json = result.to_json()
-    if decision.logged:
-        try:
-            await _with_retries(
-                runtime,
-                "commit",
-                lambda: runtime.engine.commit(
-                    org_id, effect_id, result_json, undoable=result.success
-                ),
-            )
-        except UndoLogError as exc:
-            log.error("commit_failed", error=exc.message)
-            return Execution(None, CommitFailed(exc.message))
+    if not decision.logged:
+        return Execution(result_json, None)
+    try:
+        await _with_retries(
+            runtime,
+            "commit",
+            lambda: runtime.engine.commit(org_id, effect_id, result_json, undoable=result.success),
+        )
+    except UndoLogError as exc:
+        if exc.retryable:  # the store is unavailable: hold the result, never drop it
+            await runtime.held.hold(runtime, decision, result_json, result.success, log)
+            return Execution(result_json, None, commit_pending=True)
+        recorded = await _recorded_result(runtime, org_id, effect_id)
+        if recorded is not None:  # another run of this effect committed first: its result
+            return Execution(recorded, None, replayed=True)
+        log.error("commit_failed", error=exc.message)
+        return Execution(None, CommitFailed(exc.message))
     return Execution(result_json, None)
+
+
+async def _in_doubt(runtime: Runtime, decision: Decision, message: str, log: Any) -> Execution:
+    """The tool may have run: the effect is `in_doubt` until an operator resolves it."""
+    org_id, effect_id = decision.tool.org_id, decision.effect_id
+    runtime.metrics.effects_in_doubt.labels("outcome_unknown").inc()
+    log.warning("effect_in_doubt", reason="outcome_unknown", error=message)
+    try:
+        await _with_retries(
+            runtime,
+            "mark_in_doubt",
+            lambda: runtime.engine.mark_in_doubt(
+                org_id, effect_id, message, attempt=decision.attempt
+            ),
+        )
+    except UndoLogError as exc:  # the lease runs down and the sweeper marks it instead
+        log.error("in_doubt_not_recorded", error=exc.message)
+    return Execution(None, EffectInDoubt(effect_id))
+
+
+async def _recorded_result(runtime: Runtime, org_id: str, effect_id: str) -> str | None:
+    """The effect's recorded result if it has committed (a replayable state), else None."""
+    try:
+        effect = await runtime.engine.get_effect(org_id, effect_id)
+    except UndoLogError:
+        return None
+    if effect.state not in REPLAYABLE_STATES:
+        return None
+    return effect.result_json or "null"

@@ -11,6 +11,7 @@ with `/complete` or `/fail`, and calls rollback again).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from undolog.engine.saga import Claim, RollbackStatus
-from undolog.proxy.executor import ToolTransportError
+from undolog.proxy.executor import ToolResult, ToolTransportError, ToolUnreachable
 from undolog.proxy.wire import error_body, error_response, json_response, undo_entry_json
 from undolog.store.records import UndoEntryRecord
 from undolog_sdk.errors import (
@@ -52,10 +53,43 @@ async def _compensation_upstream(runtime: Runtime, claim: Claim) -> str | None:
     return tool.upstream
 
 
+async def _renew_claim(runtime: Runtime, entry: UndoEntryRecord) -> None:
+    """Keep a running compensation's claim alive (every third of a lease) until cancelled."""
+    while True:
+        await asyncio.sleep(runtime.leases.interval)
+        with contextlib.suppress(UndoLogError):  # the store is down: the claim runs down
+            await runtime.saga.renew_claim(entry.org_id, entry.entry_id)
+
+
+async def _call_compensation(
+    runtime: Runtime, claim: Claim, request_id: str, upstream: str | None
+) -> ToolResult:
+    entry = claim.entry
+    renewer = asyncio.create_task(_renew_claim(runtime, entry))
+    try:
+        return await runtime.executor.call(
+            entry.fn_name,
+            claim.payload,
+            session_id=entry.session_id,
+            effect_id=entry.effect_id,
+            request_id=request_id,
+            org_id=entry.org_id,
+            upstream=upstream,
+            idempotency_key=entry.entry_id,
+        )
+    finally:
+        renewer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewer
+
+
 async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | None:
     """Run one claimed compensation with its retries; None on success, else the last error.
 
     It goes through the same executor path as a forward call: same upstream, org header signed.
+    A compensation whose outcome is unknown (a timeout, a connection lost after sending, an
+    answer that is no ToolResult) is tried again only when it is declared idempotent;
+    otherwise the entry needs an operator at once (`Saga.give_up`).
     """
     entry = claim.entry
     backoff = entry.retry_backoff_ms / 1000
@@ -63,20 +97,21 @@ async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | N
     for attempt in range(max(1, claim.attempts_left)):
         if attempt:
             await asyncio.sleep(backoff)
+            if not await runtime.saga.start_attempt(entry.org_id, entry.entry_id):
+                return None  # taken over or settled meanwhile: not ours to run
         try:
-            result = await runtime.executor.call(
-                entry.fn_name,
-                claim.payload,
-                session_id=entry.session_id,
-                effect_id=entry.effect_id,
-                request_id=request_id,
-                org_id=entry.org_id,
-                upstream=upstream,
-                idempotency_key=entry.entry_id,
-            )
+            result = await _call_compensation(runtime, claim, request_id, upstream)
             error = None if result.success else (result.error or "compensation reported failure")
         except ToolTransportError as exc:
             error = str(exc)
+            if not isinstance(exc, ToolUnreachable) and not claim.idempotent:
+                runtime.metrics.effects_in_doubt.labels("compensation_unknown").inc()
+                try:
+                    await runtime.saga.give_up(
+                        entry.org_id, entry.entry_id, f"compensation outcome unknown: {error}"
+                    )
+                except CompensationFailed:
+                    return error
         if error is None:
             await runtime.saga.complete(entry.org_id, entry.entry_id)
             return None
@@ -107,11 +142,21 @@ async def _rollback_body(runtime: Runtime, org_id: str, session_id: str) -> dict
     pending = next(
         (e for e in stack if e["state"] not in ("compensated", "skipped", "resolved")), None
     )
+    # The calls that stop the unwinding: in doubt (or still running) under an open entry.
+    open_effects = {
+        e["effect_id"] for e in stack if e["state"] not in ("compensated", "skipped", "resolved")
+    }
+    unsettled = [
+        {"effect_id": e.effect_id, "tool_name": e.tool_name, "state": e.state}
+        for e in view.effects
+        if e.effect_id in open_effects and e.state in ("in_doubt", "executing")
+    ]
     return {
         "session_id": session_id,
         "state": view.session.state,
         "undo_stack": stack,
         "next_entry": pending,
+        "in_doubt_effects": unsettled,
     }
 
 
@@ -148,6 +193,8 @@ async def rollback_session(id: str, request: Request) -> Response:
             409, {"Retry-After": str(runtime.retry_after_seconds)},
         )  # fmt: skip
     if status is RollbackStatus.BLOCKED:
+        # `in_doubt_effects` names them: an operator resolves each (`/effects/{id}/resolve`)
+        # and runs the rollback again.
         blocked = EffectInDoubt(body["next_entry"]["effect_id"])
         return json_response(
             error_body(request_id, blocked.code, blocked.message, **body), blocked.http_status

@@ -532,6 +532,39 @@ class Queries(abc.ABC):
         )
         return effect
 
+    async def renew_lease(
+        self, org_id: str, effect_id: str, attempt: int, lease_expires_us: int
+    ) -> bool:
+        """Extend the lease of a run that is still going (the same attempt, still executing).
+
+        One statement and no event: it runs every lease/3 for every call in flight. False when
+        the run is over (committed, failed, in doubt) or another attempt took it over.
+        """
+        changed = await self._execute(
+            "UPDATE effects SET lease_expires_us = ? WHERE org_id = ? AND effect_id = ? "
+            "AND state = 'executing' AND attempts = ?",
+            lease_expires_us,
+            org_id,
+            effect_id,
+            attempt,
+        )
+        return changed == 1
+
+    async def claim_expired_effects(self, now_us: int, limit: int = 100) -> list[EffectRecord]:
+        """Executing effects of every org whose lease has expired (their process died).
+
+        Inside a transaction on PostgreSQL the rows stay locked (`FOR UPDATE SKIP LOCKED`)
+        until it ends, so two sweepers never move the same effect.
+        """
+        rows = await self._fetch(
+            f"SELECT {EFFECT_COLUMNS} FROM effects WHERE state = 'executing' "
+            "AND lease_expires_us <= ? ORDER BY lease_expires_us, effect_id "
+            f"LIMIT ?{self._SKIP_LOCKED}",
+            now_us,
+            limit,
+        )
+        return [_effect(r) for r in rows]
+
     async def list_effects(self, org_id: str, session_id: str) -> list[EffectRecord]:
         rows = await self._fetch(
             f"SELECT {EFFECT_COLUMNS} FROM effects WHERE org_id = ? AND session_id = ? "

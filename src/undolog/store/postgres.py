@@ -153,7 +153,7 @@ class _PostgresQueries(Queries):
         event: tuple[str, str],
         replay: tuple[Collection[str], str, str],
     ) -> tuple[ExecuteNew, EffectRecord | None]:
-        """`PostgresStore.execute_new`: one call of `undolog_execute_new` (migration 4)."""
+        """`PostgresStore.execute_new`: one call of `undolog_execute_new` (migrations 4, 7)."""
         e, u = effect, undo
         replay_states, replay_type, replay_payload = replay
         row = await self._conn.fetchrow(
@@ -170,6 +170,8 @@ class _PostgresQueries(Queries):
         assert row is not None
         outcome: ExecuteNew = row[0]
         self.events_written = outcome in ("inserted", "replayed")
+        if row[0] == "replayed_unlogged":  # served although its event could not be written
+            outcome = "replayed"
         found = outcome in ("replayed", "exists")
         return outcome, EffectRecord(*row[1:]) if found else None
 
