@@ -178,6 +178,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._cancel_head_timer()
         if self.transport.is_closing():
             return
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A pipelined head behind a response still being written: no room for a 431.
+            self.transport.close()
+            return
         limit = self.limits.max_header_bytes
         self.transport.write(
             _refusal(
