@@ -41,12 +41,14 @@ def test_compensation_descriptor_defaults_are_the_reference_defaults() -> None:
     assert descriptor.args == {}
     assert descriptor.max_retries == 3
     assert descriptor.retry_backoff_ms == 1000
+    assert descriptor.idempotent is False  # a lost run waits for an operator unless declared
     assert [f.name for f in dataclasses.fields(CompensationDescriptor)] == [
         "fn_name",
         "fn_version",
         "args",
         "max_retries",
         "retry_backoff_ms",
+        "idempotent",
     ]
 
 

@@ -14,7 +14,7 @@ import enum
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
@@ -331,7 +331,7 @@ class Saga:
             entry.org_id, entry.session_id, now, state=SessionState.COMPENSATION_FAILED
         )
 
-    async def give_up(self, org_id: str, entry_id: str, error: str) -> UndoEntryRecord:
+    async def give_up(self, org_id: str, entry_id: str, error: str) -> NoReturn:
         """The claimed compensation's outcome is unknown (a timeout, a lost connection) and
         it is not idempotent: it needs an operator. Raises `CompensationFailed`."""
         now = self._clock()
