@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from undolog.mcp.config import McpSettings, parse_mcp_settings
+from undolog_sdk.tier import CompensationDescriptor
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -204,6 +205,10 @@ def _tools_from_toml(data: Mapping[str, Any]) -> tuple[ToolConfig, ...]:
         compensation = item.get("compensation")
         if compensation is not None:
             _typed(f"{where}.compensation", compensation, dict)
+            try:  # the API's own rule, so a bad value stops the start, not every later call
+                CompensationDescriptor.from_dict(compensation)
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
         if item["tier"] == "compensable" and compensation is None:
             raise ValueError(f"{where}: a compensable tool needs a compensation")
         upstream_url = item.get("upstream_url")

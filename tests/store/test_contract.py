@@ -131,7 +131,11 @@ LATEST = max(version for version, _ in load_migrations("sqlite"))
 
 def test_both_dialects_ship_the_same_migration_versions() -> None:
     versions = {d: [v for v, _ in load_migrations(d)] for d in ("sqlite", "postgres")}
-    assert versions["sqlite"] == versions["postgres"] == list(range(1, LATEST + 1))
+    assert versions["sqlite"] == versions["postgres"]
+    # Increasing from 1; numbers are assigned per branch of work, so a gap can exist until
+    # every branch is merged.
+    assert versions["sqlite"][0] == 1
+    assert versions["sqlite"] == sorted(set(versions["sqlite"]))
 
 
 async def test_migrate_is_idempotent_and_reports_the_latest_version(store: Store) -> None:

@@ -6,11 +6,21 @@ own) *claims* the top entry, runs its compensation, and reports each attempt; on
 the next entry be claimed, so LIFO order holds whoever runs what. A claim holds a lease: a
 runner that dies mid-compensation loses it, and the next claim retries the same entry with the
 same idempotency key (the entry id).
+
+Each claim carries a fresh, unguessable claim token; reporting on the entry (`complete`,
+`fail_attempt`) requires it, so no other caller of the org can settle an entry someone else
+is running (which once marked a compensation that ran `failed`). Only the token's SHA-256 is
+stored: the token is a bearer credential, and a reader of the database (or a backup) must not
+be able to report in the runner's name. A new claim after the lease lapsed replaces the hash,
+which invalidates the old holder's token.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,13 +40,14 @@ from undolog.engine.states import (
 from undolog.store.base import Queries, Store
 from undolog.store.records import EffectRecord, SessionRecord, UndoEntryRecord
 from undolog_sdk.errors import (
+    ClaimNotHeld,
     CompensationFailed,
     InvalidRequest,
     InvalidStateTransition,
     NotFound,
 )
 
-__all__ = ["Claim", "RollbackStatus", "Saga", "StepKind", "plan_next"]
+__all__ = ["Claim", "RollbackStatus", "Saga", "StepKind", "hash_claim_token", "plan_next"]
 
 _DONE_ENTRY_STATES = frozenset({UndoState.COMPENSATED, UndoState.SKIPPED, UndoState.RESOLVED})
 # Effects whose forward call never took effect: their compensation has nothing to undo.
@@ -102,12 +113,18 @@ class RollbackStatus(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """A claimed entry: run `entry`'s compensation with `payload`, then report."""
+    """A claimed entry: run `entry`'s compensation with `payload`, then report with `token`."""
 
     entry: UndoEntryRecord
     effect: EffectRecord
     payload: dict[str, Any]
     attempts_left: int
+    token: str = ""
+
+
+def hash_claim_token(token: str) -> str:
+    """SHA-256 hex of a claim token: the only form in which the store keeps it."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
 def _now_us() -> int:
@@ -282,9 +299,11 @@ class Saga:
                 org_id, effect.effect_id, expect_state=effect.state,
                 state=EffectState.COMPENSATING.value, updated_us=now,
             )  # fmt: skip
+        token = secrets.token_urlsafe(32)
         changed = await q.update_undo_entry(
             org_id, entry.entry_id, expect_state=entry.state,
             state=UndoState.RUNNING.value, lease_expires_us=now + self.lease_us, updated_us=now,
+            claim_token_hash=hash_claim_token(token),
         )  # fmt: skip
         if not changed:  # pragma: no cover - we hold the write transaction
             raise InvalidStateTransition(entry.entry_id, entry.state, UndoState.RUNNING.value)
@@ -301,6 +320,7 @@ class Saga:
             effect=effect,
             payload=compensation_payload(entry, effect),
             attempts_left=max(0, entry.max_retries + 1 - entry.attempts),
+            token=token,
         )
 
     async def claim_entry(self, org_id: str, entry_id: str, runner: str) -> Claim:
@@ -327,17 +347,22 @@ class Saga:
             await q.update_undo_entry(
                 org_id, entry.entry_id, expect_state=UndoState.RUNNING.value,
                 state=UndoState.PENDING.value, lease_expires_us=None, updated_us=now,
+                claim_token_hash=None,
             )  # fmt: skip
 
-    async def complete(self, org_id: str, entry_id: str) -> UndoEntryRecord:
-        """The claimed compensation succeeded: entry and effect are `compensated`."""
+    async def complete(self, org_id: str, entry_id: str, claim_token: str) -> UndoEntryRecord:
+        """The claimed compensation succeeded: entry and effect are `compensated`.
+
+        Raises:
+            ClaimNotHeld: `claim_token` is not the entry's current claim.
+        """
         now = self._clock()
         async with self.store.transaction() as q:
-            entry = await self._running_entry(q, org_id, entry_id)
+            entry = await self._running_entry(q, org_id, entry_id, claim_token)
             await q.update_undo_entry(
                 org_id, entry_id, expect_state=UndoState.RUNNING.value,
                 state=UndoState.COMPENSATED.value, attempts=entry.attempts + 1,
-                lease_expires_us=None, last_error=None, updated_us=now,
+                lease_expires_us=None, last_error=None, updated_us=now, claim_token_hash=None,
             )  # fmt: skip
             await q.update_effect(
                 org_id, entry.effect_id, expect_state=EffectState.COMPENSATING.value,
@@ -353,16 +378,21 @@ class Saga:
         assert done is not None
         return done
 
-    async def fail_attempt(self, org_id: str, entry_id: str, error: str) -> UndoEntryRecord:
+    async def fail_attempt(
+        self, org_id: str, entry_id: str, error: str, claim_token: str
+    ) -> UndoEntryRecord:
         """One attempt of the claimed compensation failed.
 
         With retries left the entry stays claimed (the runner waits `retry_backoff_ms` and
-        tries again). Without, the entry, its effect and the session become
-        `compensation_failed` and `CompensationFailed` is raised.
+        tries again, under the same token). Without, the entry, its effect and the session
+        become `compensation_failed` and `CompensationFailed` is raised.
+
+        Raises:
+            ClaimNotHeld: `claim_token` is not the entry's current claim.
         """
         now = self._clock()
         async with self.store.transaction() as q:
-            entry = await self._running_entry(q, org_id, entry_id)
+            entry = await self._running_entry(q, org_id, entry_id, claim_token)
             attempts = entry.attempts + 1
             exhausted = attempts > entry.max_retries
             # The runner sleeps the backoff before its next attempt: the lease covers both,
@@ -373,6 +403,7 @@ class Saga:
                 state=(UndoState.FAILED if exhausted else UndoState.RUNNING).value,
                 attempts=attempts, last_error=error, updated_us=now,
                 lease_expires_us=None if exhausted else lease,
+                claim_token_hash=None if exhausted else entry.claim_token_hash,
             )  # fmt: skip
             await q.insert_event(
                 org_id, "compensation_failed" if exhausted else "compensation_retrying",
@@ -395,12 +426,18 @@ class Saga:
             raise CompensationFailed(entry.fn_name, entry.max_retries, error)
         return failed
 
-    async def _running_entry(self, q: Queries, org_id: str, entry_id: str) -> UndoEntryRecord:
+    async def _running_entry(
+        self, q: Queries, org_id: str, entry_id: str, claim_token: str
+    ) -> UndoEntryRecord:
+        """The entry, claimed, and claimed with this token."""
         entry = await q.get_undo_entry(org_id, entry_id)
         if entry is None:
             raise NotFound(f"undo entry '{entry_id}' not found")
         if entry.state != UndoState.RUNNING:
             raise InvalidStateTransition(entry_id, entry.state, "reported")
+        held = entry.claim_token_hash
+        if held is None or not hmac.compare_digest(held, hash_claim_token(claim_token)):
+            raise ClaimNotHeld(entry_id)
         return entry
 
     async def retry(self, org_id: str, entry_id: str) -> UndoEntryRecord:

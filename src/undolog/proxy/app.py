@@ -34,7 +34,7 @@ from undolog.proxy.toolcall import tool_call
 from undolog.proxy.ui_auth import SessionTokens
 from undolog.proxy.ui_auth import router as ui_auth_router
 from undolog.proxy.undo import router as undo_router
-from undolog.proxy.wire import error_body, json_response
+from undolog.proxy.wire import error_body, internal_error_message, json_response
 from undolog.store import Store, open_store
 from undolog.ui import mount_ui
 from undolog_sdk.tier import ToolTier
@@ -208,19 +208,25 @@ def create_app(settings: Settings) -> Any:
 
     @api.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception) -> Response:
-        # A bug: answer with the error body (and the request id to find it in the logs).
+        # A bug: the details go to the log; the client gets the request id to find them.
+        request_id = request.state.request_id
         structlog.get_logger("undolog.proxy").exception(
-            "unhandled_error", request_id=request.state.request_id, path=request.url.path
+            "unhandled_error", request_id=request_id, path=request.url.path
         )
         return json_response(
-            error_body(request.state.request_id, "internal_error", f"Internal error: {exc!r}"),
-            500,
+            error_body(request_id, "internal_error", internal_error_message(request_id)), 500
         )
 
     @api.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        # Field and reason only: the errors' own repr carries the input and Python types.
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error.get('loc', ()))}: {error.get('msg', '')}"
+            for error in exc.errors()
+        )
         return json_response(
-            error_body(request.state.request_id, "invalid_request", str(exc.errors())), 400
+            error_body(request.state.request_id, "invalid_request", f"invalid request: {problems}"),
+            400,
         )
 
     async def lookup(key_hash: str) -> str | None:

@@ -26,10 +26,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from undolog.config import hash_api_key
+from undolog.proxy.inputs import path_problem
 from undolog.proxy.metrics import ProxyMetrics
 from undolog.proxy.ui_auth import SessionTokens, cookie_token, same_origin
-from undolog.proxy.wire import error_body
-from undolog_sdk.errors import AuthFailed, AuthMissing, PayloadTooLarge, UndoLogError
+from undolog.proxy.wire import error_body, internal_error_message
+from undolog_sdk.errors import (
+    AuthFailed,
+    AuthMissing,
+    InvalidRequest,
+    PayloadTooLarge,
+    UndoLogError,
+)
 
 __all__ = ["Edge", "KeyResolver"]
 
@@ -164,6 +171,9 @@ class Edge:
                 receive = await self._bounded_body(scope, receive)
             if not (path in PUBLIC_PATHS or path == "/ui" or path.startswith(PUBLIC_PREFIXES)):
                 scope["state"]["org_id"] = await self._authenticate(scope)
+            problem = path_problem(path)
+            if problem is not None:
+                raise InvalidRequest(problem)
         except UndoLogError as exc:
             # `send` is the wrapper that adds the X-Request-Id header: not a second one here.
             await _send_json(send, exc.http_status, error_body(request_id, exc.code, exc.message))
@@ -177,11 +187,11 @@ class Edge:
         scope["route"] = route
         try:
             response = await handler(Request(scope, receive))
-        except Exception as exc:  # a bug: the error body, as the app's own handler would
+        except Exception:  # a bug: the error body, as the app's own handler would
             structlog.get_logger("undolog.proxy").exception(
                 "unhandled_error", request_id=request_id, path=path
             )
-            body = error_body(request_id, "internal_error", f"Internal error: {exc!r}")
+            body = error_body(request_id, "internal_error", internal_error_message(request_id))
             await _send_json(send, 500, body)
             return
         await response(scope, receive, send)

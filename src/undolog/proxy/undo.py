@@ -5,7 +5,7 @@ every entry whose compensation lives on the tool server (entries of proxy-execut
 each with up to `max_retries` retries `retry_backoff_ms` apart. It stops when the stack is
 done, when an entry gives up (`502 compensation_failed`), or when the top entry belongs to the
 SDK (`waiting_for_runner`: the SDK claims it with `POST /undo/{entry}/claim`, runs it, reports
-with `/complete` or `/fail`, and calls rollback again).
+with `/complete` or `/fail` carrying the claim's `claim_token`, and calls rollback again).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from starlette.responses import Response
 
 from undolog.engine.saga import Claim, RollbackStatus
 from undolog.proxy.executor import ToolTransportError
+from undolog.proxy.inputs import scrubbed, storable
 from undolog.proxy.wire import error_body, error_response, json_response, undo_entry_json
 from undolog.store.records import UndoEntryRecord
 from undolog_sdk.errors import (
@@ -59,10 +60,10 @@ async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | N
         except ToolTransportError as exc:
             error = str(exc)
         if error is None:
-            await runtime.saga.complete(entry.org_id, entry.entry_id)
+            await runtime.saga.complete(entry.org_id, entry.entry_id, claim.token)
             return None
         try:
-            await runtime.saga.fail_attempt(entry.org_id, entry.entry_id, error)
+            await runtime.saga.fail_attempt(entry.org_id, entry.entry_id, error, claim.token)
         except CompensationFailed:
             return error
     return error  # pragma: no cover - fail_attempt raises on the last attempt
@@ -146,20 +147,43 @@ async def complete_session(id: str, request: Request) -> Response:
     return json_response({"session_id": session.session_id, "state": session.state})
 
 
-async def _note(request: Request, field: str, *, required: bool) -> str | None:
+async def _body(request: Request, required: bool) -> dict[str, Any]:
+    """The JSON object body (empty when none was sent and none is required)."""
     body = await request.body()
     if not body.strip():
         if required:
-            raise InvalidRequest(f"a JSON body with '{field}' is required")
-        return None
+            raise InvalidRequest("a JSON object body is required")
+        return {}
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"invalid JSON body: {exc}") from None
-    value = data.get(field) if isinstance(data, dict) else None
-    if (value is None and required) or (value is not None and not isinstance(value, str)):
+    if not isinstance(data, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    return data
+
+
+def _text(data: dict[str, Any], field: str) -> str:
+    value = data.get(field)
+    if not isinstance(value, str):
         raise InvalidRequest(f"'{field}' must be a string")
     return value
+
+
+async def _note(request: Request) -> str:
+    """The operator's `{"note": "..."}`: refused if no store can hold it."""
+    return storable(_text(await _body(request, True), "note"), "'note'")
+
+
+async def _claim_token(request: Request) -> tuple[str, dict[str, Any]]:
+    """The `claim_token` a report must carry (from `POST /undo/{entry}/claim`), and the body."""
+    data = await _body(request, True)
+    token = data.get("claim_token")
+    if not isinstance(token, str) or not token:
+        raise InvalidRequest(
+            "'claim_token' is required: send the token that POST /undo/{entry}/claim returned"
+        )
+    return token, data
 
 
 @router.post("/undo/{entry}/claim")
@@ -173,7 +197,8 @@ async def claim_entry(entry: str, request: Request) -> Response:
     body = undo_entry_json(claim.entry)
     body["payload"] = claim.payload
     body["attempts_left"] = claim.attempts_left
-    return json_response(body)
+    body["claim_token"] = claim.token
+    return json_response(body, headers={"Cache-Control": "no-store"})
 
 
 async def _entry_answer(
@@ -190,16 +215,26 @@ async def _entry_answer(
 
 @router.post("/undo/{entry}/complete")
 async def complete_entry(entry: str, request: Request) -> Response:
-    return await _entry_answer(request, lambda rt, org: rt.saga.complete(org, entry))
+    """The claimed compensation succeeded: `{"claim_token": "..."}` (409 `claim_not_held`
+    when the token is not the entry's current claim)."""
+
+    async def complete(runtime: Runtime, org_id: str) -> UndoEntryRecord:
+        token, _ = await _claim_token(request)
+        return await runtime.saga.complete(org_id, entry, token)
+
+    return await _entry_answer(request, complete)
 
 
 @router.post("/undo/{entry}/fail")
 async def fail_entry(entry: str, request: Request) -> Response:
-    """One failed attempt (`{"error": "..."}`); the last one escalates (502)."""
+    """One failed attempt (`{"claim_token": "...", "error": "..."}`); the last one
+    escalates (502)."""
 
     async def fail(runtime: Runtime, org_id: str) -> UndoEntryRecord:
-        error = await _note(request, "error", required=True)
-        return await runtime.saga.fail_attempt(org_id, entry, error or "")
+        token, data = await _claim_token(request)
+        # Scrubbed, not refused: a failure report must not be lost over one character.
+        error = scrubbed(_text(data, "error"))
+        return await runtime.saga.fail_attempt(org_id, entry, error, token)
 
     return await _entry_answer(request, fail)
 
@@ -214,7 +249,6 @@ async def resolve_entry(entry: str, request: Request) -> Response:
     """An operator marks a failed entry handled by hand: `{"note": "..."}`."""
 
     async def resolve(runtime: Runtime, org_id: str) -> UndoEntryRecord:
-        note = await _note(request, "note", required=True)
-        return await runtime.saga.resolve(org_id, entry, note or "")
+        return await runtime.saga.resolve(org_id, entry, await _note(request))
 
     return await _entry_answer(request, resolve)

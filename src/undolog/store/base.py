@@ -42,7 +42,7 @@ EFFECT_COLUMNS = (
 _UNDO_COLUMNS = (
     "seq, entry_id, org_id, session_id, effect_id, fn_name, fn_version, args, max_retries, "
     "retry_backoff_ms, registered_us, state, attempts, last_error, updated_us, runner, "
-    "lease_expires_us"
+    "lease_expires_us, claim_token_hash"
 )
 _APPROVAL_COLUMNS = (
     "approval_id, org_id, effect_id, session_id, tool_name, args, status, created_us, "
@@ -68,7 +68,15 @@ _EFFECT_FIELDS = frozenset(
     }
 )
 _UNDO_FIELDS = frozenset(
-    {"state", "attempts", "last_error", "updated_us", "registered_us", "lease_expires_us"}
+    {
+        "state",
+        "attempts",
+        "last_error",
+        "updated_us",
+        "registered_us",
+        "lease_expires_us",
+        "claim_token_hash",
+    }
 )
 _APPROVAL_FIELDS = frozenset({"status", "decided_us", "decided_by", "reason", "timeout_us"})
 
@@ -434,7 +442,7 @@ class Queries(abc.ABC):
         """Push an entry on its session's undo stack; returns its `seq` (entry.seq is ignored)."""
         row = await self._fetchrow(
             f"INSERT INTO undo_entries ({_UNDO_COLUMNS.split(', ', 1)[1]}) VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
             entry.entry_id,
             entry.org_id,
             entry.session_id,
@@ -451,6 +459,7 @@ class Queries(abc.ABC):
             entry.updated_us,
             entry.runner,
             entry.lease_expires_us,
+            entry.claim_token_hash,
         )
         assert row is not None
         return int(row[0])
