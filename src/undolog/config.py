@@ -42,6 +42,8 @@ DEFAULT_RETRY_AFTER_SECONDS = 5
 DEFAULT_APPROVAL_SWEEP_SECONDS = 1.0
 DEFAULT_COMMIT_RETRY_ATTEMPTS = 5
 DEFAULT_COMMIT_RETRY_BACKOFF_MS = 50
+DEFAULT_AUTH_FAILURE_LIMIT = 10
+DEFAULT_AUTH_FAILURE_WINDOW_SECONDS = 60.0
 
 
 def hash_api_key(key: str) -> str:
@@ -93,6 +95,18 @@ class Settings:
     commit_retry_backoff_ms: int = DEFAULT_COMMIT_RETRY_BACKOFF_MS
     log_level: str = "info"
     ui_secret: str | None = None  # signs dashboard session cookies; None: random per process
+    # /metrics on the main port needs `Authorization: Bearer <metrics_token>`; without a token
+    # it is not served there. `metrics_port` opens a second listener (no auth: bind it to a
+    # private interface) that serves only /metrics.
+    metrics_token: str | None = None
+    metrics_host: str = DEFAULT_HOST
+    metrics_port: int | None = None
+    # Origins the dashboard is served from (scheme://host:port); empty: this server's own
+    # http://{host}:{port} plus localhost and 127.0.0.1 on that port.
+    allowed_origins: tuple[str, ...] = ()
+    # Failed key checks and sign-ins per client address within the window, before 429.
+    auth_failure_limit: int = DEFAULT_AUTH_FAILURE_LIMIT
+    auth_failure_window_seconds: float = DEFAULT_AUTH_FAILURE_WINDOW_SECONDS
     config: str | None = None
     orgs: tuple[OrgConfig, ...] = ()
     tools: tuple[ToolConfig, ...] = ()
@@ -124,8 +138,28 @@ _DATABASE_SCHEMES = ("sqlite", "postgres", "postgresql")
 _SHA256_HEX = frozenset("0123456789abcdef")
 
 
+def _origins(raw: Any) -> tuple[str, ...]:
+    """A list (TOML) or a comma-separated string (flag, env var) of origins."""
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ValueError(f"setting 'allowed_origins': expected a list of origins, got {raw!r}")
+    origins = tuple(i.strip().rstrip("/").lower() for i in items if i.strip())
+    for origin in origins:
+        scheme, sep, rest = origin.partition("://")
+        if scheme not in ("http", "https") or not sep or not rest or "/" in rest:
+            raise ValueError(
+                f"setting 'allowed_origins': {origin!r} is no origin (scheme://host[:port])"
+            )
+    return origins
+
+
 def _coerce(name: str, raw: Any) -> Any:
     kind = {f.name: f.type for f in dataclasses.fields(Settings)}[name]
+    if kind == "tuple[str, ...]":
+        return _origins(raw)
+    if kind == "int | None" and raw is None:
+        return None
+    kind = "int" if kind == "int | None" else kind
     if kind in ("int", "float"):
         # TOML hands over typed values: `port = true` or `port = 80.5` are mistakes, not 1 and 80.
         if isinstance(raw, bool) or (kind == "int" and isinstance(raw, float)):

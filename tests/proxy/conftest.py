@@ -21,6 +21,10 @@ from undolog.config import OrgConfig, Settings, hash_api_key
 from undolog.demo.catalog import DEMO_TOOLS
 from undolog.demo.tools import create_demo_tools_app
 
+# The proxies of the tests serve /metrics on the main port to this bearer token.
+TEST_METRICS_TOKEN = "test-metrics-token-" + "m" * 24
+METRICS_AUTH = {"Authorization": f"Bearer {TEST_METRICS_TOKEN}"}
+
 
 @dataclass
 class ProxyHarness:
@@ -86,6 +90,7 @@ def make_settings(
         "upstream_timeout_seconds": 10.0,
         "lease_seconds": 30.0,
         "log_level": "warning",
+        "metrics_token": TEST_METRICS_TOKEN,
         "orgs": orgs,
     }
     values.update(overrides)
@@ -145,6 +150,7 @@ def spawn_proxy(
         "UNDOLOG_CONFIG": str(config_path),
         "UNDOLOG_PORT": str(port),
         "UNDOLOG_LOG_LEVEL": "warning",
+        "UNDOLOG_METRICS_TOKEN": TEST_METRICS_TOKEN,
         **env,
     }
     return ProcessServer(

@@ -28,7 +28,9 @@ from undolog.proxy.events import EventBroker
 from undolog.proxy.events import router as events_router
 from undolog.proxy.executor import ToolExecutor
 from undolog.proxy.metrics import ProxyMetrics
+from undolog.proxy.metrics_listener import MetricsListener
 from undolog.proxy.overview import router as overview_router
+from undolog.proxy.ratelimit import FailureLimiter
 from undolog.proxy.routes import router
 from undolog.proxy.toolcall import tool_call
 from undolog.proxy.ui_auth import SessionTokens
@@ -160,12 +162,26 @@ def create_app(settings: Settings) -> Any:
         runtime = await open_runtime(settings, metrics)
         metrics_holder["runtime"] = runtime
         app.state.runtime = runtime
+        listener = None
+        if settings.metrics_port is not None:
+            listener = MetricsListener(metrics, settings.metrics_host, settings.metrics_port)
+            try:
+                await listener.start()
+            except OSError as exc:
+                await runtime.executor.close()
+                await runtime.store.close()
+                raise RuntimeError(
+                    f"cannot listen for /metrics on {settings.metrics_host}:"
+                    f"{settings.metrics_port}: {exc.strerror}"
+                ) from None
         await runtime.broker.start()
         sweeper = asyncio.create_task(sweep_forever(runtime, settings.approval_sweep_seconds))
         try:
             async with gateway.serving(runtime):
                 yield
         finally:
+            if listener is not None:
+                await listener.stop()
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
@@ -234,14 +250,20 @@ def create_app(settings: Settings) -> Any:
 
     keys = KeyResolver(lookup)
     tokens = SessionTokens.from_setting(settings.ui_secret)
+    limiter = FailureLimiter(settings.auth_failure_limit, settings.auth_failure_window_seconds)
     api.state.ui_tokens = tokens
     api.state.ui_key_lookup = keys.org_for_key
+    api.state.allowed_origins = settings.allowed_origins
+    api.state.auth_limiter = limiter
     edge = Edge(
         api,
         metrics=metrics,
         keys=keys,
         max_body_bytes=settings.max_body_bytes,
         tokens=tokens,
+        metrics_token=settings.metrics_token,
+        allowed_origins=settings.allowed_origins,
+        limiter=limiter,
     )
     tool_call_route = next(r for r in api.routes if getattr(r, "path", "") == "/mcp/tool_call")
     edge.fast_routes[("POST", "/mcp/tool_call")] = (tool_call_route, tool_call)

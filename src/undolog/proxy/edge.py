@@ -2,9 +2,12 @@
 
 Written as plain ASGI rather than `BaseHTTPMiddleware`, which costs a task and a memory
 stream per request on the hot path. Order: a request id for every response; `/health` and
-`/metrics` answered before anything else (outside auth and outside the HTTP metrics, as the
-reference says); then the body limit; then auth, which puts the key's org in
-`scope["state"]["org_id"]`; then the app, timed per route template.
+`/metrics` answered before anything else (outside the HTTP metrics, as the reference says;
+`/metrics` only to `Authorization: Bearer <metrics_token>`, since it names every org, and not
+at all without a configured token — `metrics_port` serves it on a private listener instead);
+then the body limit; then auth, which puts the key's org in `scope["state"]["org_id"]`; then
+the app, timed per route template. Failed key checks count per client address
+(`ratelimit.py`): past the limit a wrong key answers 429, a valid key always passes.
 
 Auth takes the `X-Api-Key` header first; without one, the dashboard's signed session cookie
 (`ui_auth.py`) stands in for it, and a state-changing request must then also pass the
@@ -28,13 +31,16 @@ from starlette.responses import Response
 from undolog.config import hash_api_key
 from undolog.proxy.inputs import path_problem
 from undolog.proxy.metrics import ProxyMetrics
+from undolog.proxy.ratelimit import FailureLimiter, client_address
 from undolog.proxy.ui_auth import SessionTokens, cookie_token, same_origin
 from undolog.proxy.wire import error_body, internal_error_message
 from undolog_sdk.errors import (
     AuthFailed,
     AuthMissing,
     InvalidRequest,
+    NotFound,
     PayloadTooLarge,
+    RateLimited,
     UndoLogError,
 )
 
@@ -103,6 +109,30 @@ async def _send_json(send: Send, status: int, body: Any, request_id: str | None 
     await send({"type": "http.response.body", "body": payload})
 
 
+async def _send_error(
+    send: Send,
+    exc: UndoLogError,
+    request_id: str,
+    *,
+    id_header: bool = False,
+    extra: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    """The error body of `exc` (with its fields, and `Retry-After` when it has one)."""
+    fields = exc.fields()
+    body = orjson.dumps(error_body(request_id, exc.code, exc.message, **fields))
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if fields.get("retry_after") is not None:
+        headers.append((b"retry-after", str(fields["retry_after"]).encode()))
+    headers.extend(extra)
+    if id_header:
+        headers.append((b"x-request-id", request_id.encode()))
+    await send({"type": "http.response.start", "status": exc.http_status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 class Edge:
     """Wraps the FastAPI app; see the module docstring for what it does, in order."""
 
@@ -114,12 +144,18 @@ class Edge:
         keys: KeyResolver,
         max_body_bytes: int,
         tokens: SessionTokens | None = None,
+        metrics_token: str | None = None,
+        allowed_origins: tuple[str, ...] = (),
+        limiter: FailureLimiter | None = None,
     ) -> None:
         self.app = app
         self.metrics = metrics
         self.keys = keys
         self.max_body_bytes = max_body_bytes
         self.tokens = tokens
+        self.metrics_token = metrics_token
+        self.allowed_origins = allowed_origins
+        self.limiter = limiter if limiter is not None else FailureLimiter(10, 60.0)
         # (method, path) → (route, handler) served straight from here, past FastAPI's
         # routing and middleware: the hot path (`POST /mcp/tool_call`). The route object is
         # still registered with FastAPI, for OpenAPI and for the metrics label.
@@ -142,7 +178,7 @@ class Edge:
             await _send_json(send, 200, {"status": "ok", "service": "undolog-proxy"}, request_id)
             return
         if path == "/metrics":
-            await self._send_metrics(send, request_id)
+            await self._gated_metrics(scope, send, request_id)
             return
 
         status_holder = [500]
@@ -176,7 +212,7 @@ class Edge:
                 raise InvalidRequest(problem)
         except UndoLogError as exc:
             # `send` is the wrapper that adds the X-Request-Id header: not a second one here.
-            await _send_json(send, exc.http_status, error_body(request_id, exc.code, exc.message))
+            await _send_error(send, exc, request_id)
             return
         fast = self.fast_routes.get((scope["method"], path))
         if fast is None:
@@ -232,6 +268,7 @@ class Edge:
         if key:
             org_id = await self.keys.org_for_key(key)
             if org_id is None:
+                self._failed_attempt(scope)
                 raise AuthFailed("API key not recognised")
         else:
             org_id = self._cookie_org(scope)
@@ -249,9 +286,38 @@ class Edge:
         org_id = self.tokens.verify(token)
         if org_id is None:
             raise AuthMissing("the dashboard session has expired or is invalid: sign in again")
-        if scope["method"] in _BODY_METHODS and not same_origin(scope):
+        if scope["method"] in _BODY_METHODS and not same_origin(scope, self.allowed_origins):
             raise AuthFailed("a dashboard request must come from the dashboard's own origin")
         return org_id
+
+    def _failed_attempt(self, scope: Scope) -> None:
+        """Count a failed credential; raises `RateLimited` past the limit for this address."""
+        retry_after = self.limiter.failed(client_address(scope))
+        if retry_after is not None:
+            raise RateLimited(retry_after)
+
+    async def _gated_metrics(self, scope: Scope, send: Send, request_id: str) -> None:
+        """`/metrics` on the main port: only with the configured bearer token."""
+        try:
+            if self.metrics_token is None:
+                raise NotFound(
+                    "/metrics is not served on this port: set metrics_token (--metrics-token, "
+                    "UNDOLOG_METRICS_TOKEN) and send 'Authorization: Bearer <token>', or set "
+                    "metrics_port to serve it on a separate private listener"
+                )
+            auth = _header(scope, b"authorization") or ""
+            scheme, _, given = auth.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                given.strip().encode(), self.metrics_token.encode()
+            ):
+                if auth:
+                    self._failed_attempt(scope)
+                raise AuthMissing("/metrics needs 'Authorization: Bearer <metrics_token>'")
+        except UndoLogError as exc:
+            challenge = ((b"www-authenticate", b"Bearer"),) if exc.http_status == 401 else ()
+            await _send_error(send, exc, request_id, id_header=True, extra=challenge)
+            return
+        await self._send_metrics(send, request_id)
 
     async def _send_metrics(self, send: Send, request_id: str) -> None:
         payload = self.metrics.render()
