@@ -6,12 +6,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = [
-    "COMPENSATION_LIMITS",
-    "CompensationDescriptor",
-    "ToolTier",
-    "check_compensation_integer",
-]
+# `COMPENSATION_LIMITS` and `check_compensation_integer` are for the server side (the config
+# loaders); the public names stay those of the reference.
+__all__ = ["CompensationDescriptor", "ToolTier"]
 
 
 class ToolTier(enum.Enum):
