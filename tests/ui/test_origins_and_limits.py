@@ -7,11 +7,13 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.proxy.conftest import ProxyHarness
+from undolog.config import load_settings
 from undolog_sdk.errors import AuthFailed, RateLimited
 
 UI = {"X-Requested-With": "undolog-ui"}
@@ -187,3 +189,22 @@ def test_failed_key_checks_are_limited_and_valid_keys_never_slowed(
     assert answers == [403, 403, 403, 403, 429, 429]
     assert login.status_code == 429  # one budget per address for keys and sign-ins
     assert missing.status_code == 401
+
+
+def test_allowed_origins_come_from_flags_env_and_the_server_table(tmp_path: Path) -> None:
+    config = tmp_path / "undolog.toml"
+    config.write_text(
+        '[server]\nallowed_origins = ["https://UndoLog.example.com/"]\n', encoding="utf-8"
+    )
+    assert load_settings({"config": str(config)}, env={}).allowed_origins == (
+        "https://undolog.example.com",
+    )
+    env = {"UNDOLOG_ALLOWED_ORIGINS": "https://a.example, http://b.example:8080"}
+    assert load_settings({}, env=env).allowed_origins == (
+        "https://a.example",
+        "http://b.example:8080",
+    )
+    assert load_settings({}, env={}).allowed_origins == ()
+    for bad in ("ftp://x.example", "a.example", "https://a.example/ui", '["x"]'):
+        with pytest.raises(ValueError, match="allowed_origins"):
+            load_settings({"allowed_origins": bad}, env={})
