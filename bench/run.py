@@ -48,6 +48,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "latest.json"
 SCENARIOS = ("direct", "new", "replay")
 API_KEY = "ul_bench_" + uuid.uuid4().hex
+METRICS_TOKEN = "bench_metrics_" + uuid.uuid4().hex  # /metrics on the main port needs it
 ORG = "bench"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DEFAULT_PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -290,7 +291,8 @@ class Bench:
             tally.errors += sum(errors)
 
     async def scrape(self) -> dict[str, float]:
-        async with self.http.get(self.proxy + "/metrics") as response:
+        auth = {"Authorization": f"Bearer {METRICS_TOKEN}"}
+        async with self.http.get(self.proxy + "/metrics", headers=auth) as response:
             return parse_histograms(await response.text())
 
 
@@ -360,6 +362,8 @@ async def measure_store(
             str(config),
             "--log-level",
             "warning",
+            "--metrics-token",
+            METRICS_TOKEN,
         ],
         workdir,
     )

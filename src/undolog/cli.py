@@ -97,6 +97,28 @@ def serve(
         help="Secret that signs dashboard sessions (env UNDOLOG_UI_SECRET; "
         "default: random per process, so a restart signs everyone out)",
     ),
+    metrics_token: str = typer.Option(
+        None,
+        help="Serve /metrics on the main port to `Authorization: Bearer <token>` "
+        "(env UNDOLOG_METRICS_TOKEN; default: /metrics not served there)",
+    ),
+    metrics_host: str = typer.Option(
+        None, help="Address of the separate /metrics listener (default 127.0.0.1)"
+    ),
+    metrics_port: int = typer.Option(
+        None, help="Port of a separate /metrics listener without auth (env UNDOLOG_METRICS_PORT)"
+    ),
+    allowed_origins: str = typer.Option(
+        None,
+        help="Comma-separated origins of the dashboard, e.g. https://undolog.example.com "
+        "(env UNDOLOG_ALLOWED_ORIGINS; default: http://{host}:{port}, localhost, 127.0.0.1)",
+    ),
+    auth_failure_limit: int = typer.Option(
+        None, help="Failed key checks / sign-ins per client address per window before 429"
+    ),
+    auth_failure_window_seconds: float = typer.Option(
+        None, help="The window of --auth-failure-limit, in seconds (default 60)"
+    ),
     config: str = typer.Option(None, help="TOML config file (env UNDOLOG_CONFIG)"),
     demo: bool = typer.Option(False, help="Also run the demo tool server and a demo org"),
     demo_tools_port: int = typer.Option(DEMO_TOOLS_PORT, help="Port of the demo tool server"),

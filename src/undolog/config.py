@@ -18,6 +18,7 @@ from typing import Any
 
 from undolog.mcp.config import McpSettings, parse_mcp_settings
 from undolog.upstreams import DEFAULT_UPSTREAM, check_tool_name, check_upstream_url
+from undolog_sdk.tier import CompensationDescriptor
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -52,6 +53,8 @@ DEFAULT_MAX_CONNECTIONS = 4096  # open at once; above: a canned 503 and close
 DEFAULT_READY_TIMEOUT_SECONDS = 2.0  # for the store to answer `/ready`'s query
 DEFAULT_LEASE_SWEEP_SECONDS = 2.0
 DEFAULT_SPOOL_DIR = "./undolog-spool"
+DEFAULT_AUTH_FAILURE_LIMIT = 10
+DEFAULT_AUTH_FAILURE_WINDOW_SECONDS = 60.0
 
 
 def hash_api_key(key: str) -> str:
@@ -139,6 +142,18 @@ class Settings:
     spool_dir: str = DEFAULT_SPOOL_DIR  # held results that could not be committed, for operators
     log_level: str = "info"
     ui_secret: str | None = None  # signs dashboard session cookies; None: random per process
+    # /metrics on the main port needs `Authorization: Bearer <metrics_token>`; without a token
+    # it is not served there. `metrics_port` opens a second listener (no auth: bind it to a
+    # private interface) that serves only /metrics.
+    metrics_token: str | None = None
+    metrics_host: str = DEFAULT_HOST
+    metrics_port: int | None = None
+    # Origins the dashboard is served from (scheme://host:port); empty: this server's own
+    # http://{host}:{port} plus localhost and 127.0.0.1 on that port.
+    allowed_origins: tuple[str, ...] = ()
+    # Failed key checks and sign-ins per client address within the window, before 429.
+    auth_failure_limit: int = DEFAULT_AUTH_FAILURE_LIMIT
+    auth_failure_window_seconds: float = DEFAULT_AUTH_FAILURE_WINDOW_SECONDS
     config: str | None = None
     orgs: tuple[OrgConfig, ...] = ()
     tools: tuple[ToolConfig, ...] = ()
@@ -186,8 +201,28 @@ _DATABASE_SCHEMES = ("sqlite", "postgres", "postgresql")
 _SHA256_HEX = frozenset("0123456789abcdef")
 
 
+def _origins(raw: Any) -> tuple[str, ...]:
+    """A list (TOML) or a comma-separated string (flag, env var) of origins."""
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ValueError(f"setting 'allowed_origins': expected a list of origins, got {raw!r}")
+    origins = tuple(i.strip().rstrip("/").lower() for i in items if i.strip())
+    for origin in origins:
+        scheme, sep, rest = origin.partition("://")
+        if scheme not in ("http", "https") or not sep or not rest or "/" in rest:
+            raise ValueError(
+                f"setting 'allowed_origins': {origin!r} is no origin (scheme://host[:port])"
+            )
+    return origins
+
+
 def _coerce(name: str, raw: Any) -> Any:
     kind = {f.name: f.type for f in dataclasses.fields(Settings)}[name]
+    if kind == "tuple[str, ...]":
+        return _origins(raw)
+    if kind == "int | None" and raw is None:
+        return None
+    kind = "int" if kind == "int | None" else kind
     if kind in ("int", "float"):
         # TOML hands over typed values: `port = true` or `port = 80.5` are mistakes, not 1 and 80.
         if isinstance(raw, bool) or (kind == "int" and isinstance(raw, float)):
@@ -306,6 +341,10 @@ def _tools_from_toml(data: Mapping[str, Any]) -> tuple[ToolConfig, ...]:
         compensation = item.get("compensation")
         if compensation is not None:
             _typed(f"{where}.compensation", compensation, dict)
+            try:  # the API's own rule, so a bad value stops the start, not every later call
+                CompensationDescriptor.from_dict(compensation)
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
         if item["tier"] == "compensable" and compensation is None:
             raise ValueError(f"{where}: a compensable tool needs a compensation")
         upstream = item.get("upstream")

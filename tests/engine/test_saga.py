@@ -19,6 +19,7 @@ from undolog.engine import Engine
 from undolog.engine.saga import LOST_RUN, Claim, RollbackStatus, Saga, StepKind, plan_next
 from undolog.store import EffectRecord, EventRecord, Store, UndoEntryRecord
 from undolog_sdk.errors import (
+    ClaimNotHeld,
     CompensationFailed,
     CompensationRegisteredTooLate,
     InvalidRequest,
@@ -304,12 +305,12 @@ async def test_unknown_and_foreign_sessions_and_entries_are_not_found(
     await saga.begin(org_id, session)
     entry_id = (await claim(saga, org_id, session)).entry.entry_id
     for call in refusals(
-        lambda: saga.complete(other_org, entry_id),
-        lambda: saga.fail_attempt(other_org, entry_id, "x"),
+        lambda: saga.complete(other_org, entry_id, "token"),
+        lambda: saga.fail_attempt(other_org, entry_id, "x", "token"),
         lambda: saga.retry(other_org, entry_id),
         lambda: saga.resolve(other_org, entry_id, "x"),
         lambda: saga.claim_entry(other_org, entry_id, "sdk"),
-        lambda: saga.complete(org_id, "no-such-entry"),
+        lambda: saga.complete(org_id, "no-such-entry", "token"),
     ):
         with pytest.raises(NotFound):
             await call()
@@ -351,7 +352,7 @@ async def test_the_stack_unwinds_newest_first_each_claim_carrying_args_and_the_f
             "original_result": {"message_id": f"m-{step}"},
         }
         assert await effect_state(store, org_id, expected) == "compensating"
-        done = await saga.complete(org_id, claimed.entry.entry_id)
+        done = await saga.complete(org_id, claimed.entry.entry_id, claimed.token)
         assert (done.state, done.attempts, done.lease_expires_us) == ("compensated", 1, None)
         assert await effect_state(store, org_id, expected) == "compensated"
         order.append(claimed.entry.seq)
@@ -393,7 +394,7 @@ async def test_entries_of_failed_and_logically_failed_calls_are_skipped_not_run(
     assert claimed.entry.effect_id == ran
     states = {e.effect_id: e.state for e in await stack_of(store, org_id, session)}
     assert states == {said_no.effect_id: "skipped", failed.effect_id: "skipped", ran: "running"}
-    await saga.complete(org_id, claimed.entry.entry_id)
+    await saga.complete(org_id, claimed.entry.entry_id, claimed.token)
     assert await saga.claim(org_id, session, "proxy") is RollbackStatus.COMPENSATED
 
 
@@ -442,13 +443,13 @@ async def test_a_failed_attempt_with_retries_left_keeps_the_claim_and_renews_its
     claimed = await claim(saga, org_id, session)
     clock.advance(5)
 
-    failed = await saga.fail_attempt(org_id, claimed.entry.entry_id, "smtp down")
+    failed = await saga.fail_attempt(org_id, claimed.entry.entry_id, "smtp down", claimed.token)
 
     assert (failed.state, failed.attempts, failed.last_error) == ("running", 1, "smtp down")
     backoff_us = BACKOFF_MS * 1000
     assert failed.lease_expires_us == clock.now + backoff_us + LEASE_S * SECOND
     assert await session_state(store, org_id, session) == "compensating"
-    done = await saga.complete(org_id, claimed.entry.entry_id)
+    done = await saga.complete(org_id, claimed.entry.entry_id, claimed.token)
     assert (done.state, done.attempts, done.last_error) == ("compensated", 2, None)
 
 
@@ -460,7 +461,7 @@ async def test_a_claim_waiting_out_a_long_backoff_is_not_taken_over(
     await committed(engine, org_id, session, 1)
     await saga.begin(org_id, session)
     claimed = await claim(saga, org_id, session)
-    await saga.fail_attempt(org_id, claimed.entry.entry_id, "smtp down")
+    await saga.fail_attempt(org_id, claimed.entry.entry_id, "smtp down", claimed.token)
 
     clock.advance(LEASE_S * 2)  # the runner is still sleeping its backoff
     assert await saga.claim(org_id, session, "proxy") is RollbackStatus.BUSY
@@ -472,9 +473,11 @@ async def give_up(saga: Saga, org_id: str, session: str) -> tuple[Claim, Compens
     """Claim the top entry and fail it until it exhausts its retries."""
     claimed = await claim(saga, org_id, session)
     for attempt in range(MAX_RETRIES):
-        await saga.fail_attempt(org_id, claimed.entry.entry_id, f"down {attempt + 1}")
+        await saga.fail_attempt(
+            org_id, claimed.entry.entry_id, f"down {attempt + 1}", claimed.token
+        )
     with pytest.raises(CompensationFailed) as raised:
-        await saga.fail_attempt(org_id, claimed.entry.entry_id, "still down")
+        await saga.fail_attempt(org_id, claimed.entry.entry_id, "still down", claimed.token)
     return claimed, raised.value
 
 
@@ -543,7 +546,7 @@ async def test_an_operator_retry_reopens_the_entry_with_fresh_retries(
     again = await claim(saga, org_id, session)
     assert again.entry.entry_id == claimed.entry.entry_id
     assert again.attempts_left == MAX_RETRIES + 1
-    await saga.complete(org_id, again.entry.entry_id)
+    await saga.complete(org_id, again.entry.entry_id, again.token)
     assert (await claim(saga, org_id, session)).entry.effect_id == older
     assert "compensation_retried" in await event_types(store, org_id, session)
 
@@ -564,7 +567,7 @@ async def test_an_operator_resolve_keeps_the_note_and_lets_the_unwinding_go_on(
     assert await session_state(store, org_id, session) == "compensating"
     nxt = await claim(saga, org_id, session)
     assert nxt.entry.effect_id == older
-    await saga.complete(org_id, nxt.entry.entry_id)
+    await saga.complete(org_id, nxt.entry.entry_id, nxt.token)
     assert await saga.claim(org_id, session, "proxy") is RollbackStatus.COMPENSATED
     assert "compensation_resolved" in await event_types(store, org_id, session)
 
@@ -582,10 +585,10 @@ async def test_only_a_failed_entry_can_be_retried_or_resolved(
     ):
         with pytest.raises(InvalidStateTransition):
             await call()
-    await saga.complete(org_id, claimed.entry.entry_id)
+    await saga.complete(org_id, claimed.entry.entry_id, claimed.token)
     for call in refusals(
-        lambda: saga.complete(org_id, claimed.entry.entry_id),
-        lambda: saga.fail_attempt(org_id, claimed.entry.entry_id, "late"),
+        lambda: saga.complete(org_id, claimed.entry.entry_id, claimed.token),
+        lambda: saga.fail_attempt(org_id, claimed.entry.entry_id, "late", claimed.token),
         lambda: saga.retry(org_id, claimed.entry.entry_id),
     ):
         with pytest.raises(InvalidStateTransition):
@@ -649,7 +652,7 @@ async def test_an_sdk_entry_waits_for_the_sdk_which_claims_it_by_id(
     claimed = await saga.claim_entry(org_id, sdk_entry.entry_id, "sdk")
     assert claimed.entry.effect_id == sdk_effect
     assert claimed.payload["original_result"] == {"message_id": "m-2"}
-    await saga.complete(org_id, sdk_entry.entry_id)
+    await saga.complete(org_id, sdk_entry.entry_id, claimed.token)
 
     assert await saga.claim(org_id, session, "sdk") is RollbackStatus.WAITING_FOR_RUNNER
     assert (await claim(saga, org_id, session)).entry.effect_id == proxy_effect
@@ -669,8 +672,9 @@ async def test_claims_survive_a_new_saga_over_the_same_store(
     clock.advance(LEASE_S)
     taken = await restarted.claim(org_id, session, "proxy")
     assert isinstance(taken, Claim)
-    assert dataclasses.replace(taken.entry, lease_expires_us=None, updated_us=0) == (
-        dataclasses.replace(first.entry, lease_expires_us=None, updated_us=0)
+    unclaimed = {"lease_expires_us": None, "updated_us": 0, "claim_token_hash": None}
+    assert dataclasses.replace(taken.entry, **unclaimed) == (
+        dataclasses.replace(first.entry, **unclaimed)
     )
 
 
@@ -695,3 +699,48 @@ async def test_a_lapsed_claim_of_a_compensation_not_declared_idempotent_needs_an
     await saga.begin(org_id, session)
     nxt = await saga.claim(org_id, session, "proxy")
     assert isinstance(nxt, Claim) and nxt.effect.effect_id != top
+
+
+async def test_a_report_needs_the_current_claim_token(
+    saga: Saga, engine: Engine, store: Store, org_id: str
+) -> None:
+    """Another caller of the same org cannot settle an entry someone else holds."""
+    session = new_session()
+    await committed(engine, org_id, session, 1)
+    await saga.begin(org_id, session)
+    held = await claim(saga, org_id, session)
+    entry_id = held.entry.entry_id
+    assert len(held.token) >= 32
+    for call in refusals(
+        lambda: saga.complete(org_id, entry_id, "guessed"),
+        lambda: saga.fail_attempt(org_id, entry_id, "x", "guessed"),
+        lambda: saga.fail_attempt(org_id, entry_id, "x", ""),
+    ):
+        with pytest.raises(ClaimNotHeld):
+            await call()
+    [entry] = await stack_of(store, org_id, session)
+    assert (entry.state, entry.attempts, entry.last_error) == ("running", 0, None)
+    assert entry.claim_token_hash is not None and held.token not in entry.claim_token_hash
+    done = await saga.complete(org_id, entry_id, held.token)
+    assert (done.state, done.claim_token_hash) == ("compensated", None)
+
+
+async def test_a_lapsed_claim_taken_over_invalidates_the_old_token(
+    saga: Saga, engine: Engine, clock: Clock, org_id: str
+) -> None:
+    session = new_session()
+    await committed(engine, org_id, session, 1)
+    await saga.begin(org_id, session)
+    first = await claim(saga, org_id, session)
+    await saga.fail_attempt(org_id, first.entry.entry_id, "slow", first.token)  # still held
+    clock.advance(LEASE_S + 10)
+    second = await claim(saga, org_id, session)
+    assert second.entry.entry_id == first.entry.entry_id and second.token != first.token
+    for call in refusals(
+        lambda: saga.complete(org_id, first.entry.entry_id, first.token),
+        lambda: saga.fail_attempt(org_id, first.entry.entry_id, "late", first.token),
+    ):
+        with pytest.raises(ClaimNotHeld):
+            await call()
+    done = await saga.complete(org_id, second.entry.entry_id, second.token)
+    assert done.state == "compensated"

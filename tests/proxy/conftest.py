@@ -26,6 +26,10 @@ from undolog.config import KeyConfig, OrgConfig, Settings, hash_api_key
 from undolog.demo.catalog import DEMO_TOOLS
 from undolog.demo.tools import create_demo_tools_app
 
+# The proxies of the tests serve /metrics on the main port to this bearer token.
+TEST_METRICS_TOKEN = "test-metrics-token-" + "m" * 24
+METRICS_AUTH = {"Authorization": f"Bearer {TEST_METRICS_TOKEN}"}
+
 
 @dataclass
 class ProxyHarness:
@@ -109,6 +113,7 @@ def make_settings(
         "upstream_timeout_seconds": 10.0,
         "lease_seconds": 30.0,
         "log_level": "warning",
+        "metrics_token": TEST_METRICS_TOKEN,
         "orgs": orgs,
         "spool_dir": tempfile.mkdtemp(prefix="undolog-spool-"),
     }
@@ -178,6 +183,7 @@ def spawn_proxy(
         "UNDOLOG_LOG_LEVEL": "warning",
         # Held results go next to the config (the test's tmp dir), never into the repo.
         "UNDOLOG_SPOOL_DIR": str(config_path.parent / "spool"),
+        "UNDOLOG_METRICS_TOKEN": TEST_METRICS_TOKEN,
         **env,
     }
     return ProcessServer(

@@ -21,7 +21,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.proxy.conftest import ProxyHarness, spawn_proxy, write_org_config
+from tests.proxy.conftest import METRICS_AUTH, ProxyHarness, spawn_proxy, write_org_config
 from tests.support.servers import ProcessServer, ThreadServer, wait_until
 from undolog.demo.catalog import DEMO_TOOLS
 from undolog_sdk import (
@@ -637,7 +637,7 @@ def test_a_pending_approval_survives_a_kill_9_and_is_approved_after_the_restart(
 
 
 def samples(proxy: ProxyHarness) -> list[tuple[str, dict[str, str], float]]:
-    text = httpx.get(f"{proxy.url}/metrics", timeout=10).text
+    text = httpx.get(f"{proxy.url}/metrics", headers=METRICS_AUTH, timeout=10).text
     return [
         (s.name, dict(s.labels), s.value)
         for family in text_string_to_metric_families(text)

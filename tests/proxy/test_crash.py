@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.conftest import _pg_admin_url
-from tests.proxy.conftest import spawn_proxy, write_org_config
+from tests.proxy.conftest import METRICS_AUTH, spawn_proxy, write_org_config
 from tests.support.servers import (
     ProcessServer,
     ThreadServer,
@@ -364,7 +364,7 @@ async def test_a_store_outage_refuses_new_calls_loses_no_commit_and_the_proxy_re
             await admin.close()
             pending.cancel()  # a no-op once it has answered
 
-        metrics = (await client.get("/metrics")).text
+        metrics = (await client.get("/metrics", headers=METRICS_AUTH)).text
         retries = 'undolog_proxy_engine_rpc_retries_total{method="commit"} ' + (
             f"{COMMIT_RETRY_ATTEMPTS - 1:.1f}"
         )

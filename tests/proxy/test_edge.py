@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.proxy.conftest import ProxyHarness
+from tests.proxy.conftest import METRICS_AUTH, ProxyHarness
 
 TOOL_CALL = "/mcp/tool_call"
 SESSION = "7f9c2a4e-1b7d-4c8e-9a51-0d3f6b2e8c10"
@@ -316,14 +316,14 @@ def test_health_needs_no_key_and_answers_exactly_the_reference_body(
 
 
 def scrape(proxy: ProxyHarness) -> str:
-    with httpx.Client(base_url=proxy.url) as c:
+    with httpx.Client(base_url=proxy.url, headers=METRICS_AUTH) as c:
         response = c.get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     return response.text
 
 
-def test_metrics_need_no_key_and_count_tool_calls_engine_calls_and_the_executor(
+def test_metrics_need_the_metrics_token_not_a_key_and_count_tool_calls_and_the_executor(
     proxy: ProxyHarness,
 ) -> None:
     with proxy.client() as c:
@@ -348,7 +348,7 @@ def test_metrics_need_no_key_and_count_tool_calls_engine_calls_and_the_executor(
 
 
 def test_metrics_do_not_count_health_or_metrics(proxy: ProxyHarness) -> None:
-    with httpx.Client(base_url=proxy.url) as c:
+    with httpx.Client(base_url=proxy.url, headers=METRICS_AUTH) as c:
         for _ in range(3):
             c.get("/health")
             c.get("/metrics")

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.proxy.conftest import ProxyHarness, spawn_proxy, write_org_config
+from tests.proxy.conftest import METRICS_AUTH, ProxyHarness, spawn_proxy, write_org_config
 from tests.support.servers import ProcessServer, ThreadServer, await_until
 from tests.support.sse import EventStream, SseEvent
 from undolog.demo.catalog import DEMO_TOOLS
@@ -60,7 +60,7 @@ async def everything(client: httpx.AsyncClient, count: int) -> list[SseEvent]:
 
 
 def metric(url: str, name: str, **labels: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    text = httpx.get(f"{url}/metrics", headers=METRICS_AUTH, timeout=10).text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == name and dict(sample.labels) == labels:

@@ -470,7 +470,10 @@ def test_undo_entry_routes_refuse_what_they_cannot_do(
             "resolve with a bad note": client.post(f"/undo/{entry_id}/resolve", json={"note": 1}),
             "retry of an unknown entry": client.post(f"/undo/{uuid.uuid4()}/retry"),
             "another org's entry": other.post(f"/undo/{entry_id}/retry"),
-            "complete of an unclaimed entry": client.post(f"/undo/{entry_id}/complete"),
+            "complete of an unclaimed entry": client.post(
+                f"/undo/{entry_id}/complete", json={"claim_token": "t"}
+            ),
+            "complete without a claim token": client.post(f"/undo/{entry_id}/complete"),
         }
     codes = {case: (r.status_code, r.json()["code"]) for case, r in answers.items()}
     assert codes == {
@@ -481,6 +484,7 @@ def test_undo_entry_routes_refuse_what_they_cannot_do(
         "retry of an unknown entry": (404, "not_found"),
         "another org's entry": (404, "not_found"),
         "complete of an unclaimed entry": (409, "invalid_state_transition"),
+        "complete without a claim token": (400, "invalid_request"),
     }
 
 
@@ -645,10 +649,13 @@ def test_a_mixed_stack_hands_sdk_entries_to_the_sdk_in_lifo_order(proxy: ProxyHa
             "original_result": {"row": 2},
         }
         assert (claimed.json()["state"], claimed.json()["attempts_left"]) == ("running", 2)
+        token = claimed.json()["claim_token"]
         assert rollback(client, session).status_code == 409  # the SDK holds the top entry
-        once = client.post(f"/undo/{local_entry}/fail", json={"error": "disk busy"})
+        once = client.post(
+            f"/undo/{local_entry}/fail", json={"error": "disk busy", "claim_token": token}
+        )
         assert (once.json()["state"], once.json()["attempts"]) == ("running", 1)
-        done = client.post(f"/undo/{local_entry}/complete")
+        done = client.post(f"/undo/{local_entry}/complete", json={"claim_token": token})
         assert (done.json()["state"], done.json()["attempts"]) == ("compensated", 2)
 
         finished = rollback(client, session)
@@ -676,9 +683,12 @@ def test_an_sdk_compensation_that_gives_up_escalates_like_a_proxy_one(
         local = sdk_execute(client, session, 2)
         client.post(f"/effects/{local}/commit", json={"result": {"row": 2}}).raise_for_status()
         entry_id = rollback(client, session).json()["next_entry"]["entry_id"]
-        client.post(f"/undo/{entry_id}/claim").raise_for_status()
-        client.post(f"/undo/{entry_id}/fail", json={"error": "disk busy"}).raise_for_status()
-        gave_up = client.post(f"/undo/{entry_id}/fail", json={"error": "disk gone"})
+        token = client.post(f"/undo/{entry_id}/claim").json()["claim_token"]
+        once = {"error": "disk busy", "claim_token": token}
+        client.post(f"/undo/{entry_id}/fail", json=once).raise_for_status()
+        gave_up = client.post(
+            f"/undo/{entry_id}/fail", json={"error": "disk gone", "claim_token": token}
+        )
         answer = rollback(client, session)
 
     assert (gave_up.status_code, gave_up.json()["code"]) == (502, "compensation_failed")

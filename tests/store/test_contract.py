@@ -132,8 +132,9 @@ LATEST = max(version for version, _ in load_migrations("sqlite"))
 
 def test_both_dialects_ship_the_same_migration_versions() -> None:
     versions = {d: [v for v, _ in load_migrations(d)] for d in ("sqlite", "postgres")}
-    # Parallel branches each own a number, so a branch may lack another's until they merge.
     assert versions["sqlite"] == versions["postgres"]
+    # Increasing from 1; numbers are assigned per branch of work, so a gap can exist until
+    # every branch is merged.
     assert versions["sqlite"][0] == 1
     assert versions["sqlite"] == sorted(set(versions["sqlite"]))
 

@@ -268,16 +268,21 @@ class UndoLogClient:
         await self._call("POST", f"/sessions/{session_id}/complete", org_id)
 
     async def claim_undo(self, org_id: str, entry_id: str) -> dict[str, Any]:
-        """Claim an undo entry the SDK runs (`POST /undo/{entry}/claim`)."""
+        """Claim an undo entry the SDK runs (`POST /undo/{entry}/claim`); the answer's
+        `claim_token` must accompany the reports below."""
         data: dict[str, Any] = await self._call("POST", f"/undo/{entry_id}/claim", org_id)
         return data
 
-    async def complete_undo(self, org_id: str, entry_id: str) -> None:
-        await self._call("POST", f"/undo/{entry_id}/complete", org_id)
+    async def complete_undo(self, org_id: str, entry_id: str, claim_token: str) -> None:
+        """Report that the claimed compensation succeeded (`ClaimNotHeld` if the claim was
+        lost: another runner claimed the entry after this claim's lease lapsed)."""
+        await self._call("POST", f"/undo/{entry_id}/complete", org_id, {"claim_token": claim_token})
 
-    async def fail_undo(self, org_id: str, entry_id: str, error: str) -> None:
+    async def fail_undo(self, org_id: str, entry_id: str, error: str, claim_token: str) -> None:
         """Report one failed attempt; the last one raises `CompensationFailed`."""
-        await self._call("POST", f"/undo/{entry_id}/fail", org_id, {"error": error})
+        await self._call(
+            "POST", f"/undo/{entry_id}/fail", org_id, {"error": error, "claim_token": claim_token}
+        )
 
     async def aclose(self) -> None:
         """Close the underlying HTTP client (only if this client created it)."""

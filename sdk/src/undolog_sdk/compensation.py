@@ -3,10 +3,10 @@
 A COMPENSABLE tool executed by the SDK names its compensation by `fn_name`; register the
 function with `@compensation("fn_name")`. When the session is rolled back, the proxy runs the
 entries whose compensation lives on the tool server and hands the SDK the ones that live
-here, always the top of the stack first: the SDK claims the entry, calls the function with the
-captured args plus `original_args` and `original_result`, retries it up to `max_retries` times
-`retry_backoff_ms` apart, and reports the outcome; the last failure escalates
-(`CompensationFailed`) and stops the unwinding.
+here, always the top of the stack first: the SDK claims the entry (receiving a claim token),
+calls the function with the captured args plus `original_args` and `original_result`, retries
+it up to `max_retries` times `retry_backoff_ms` apart, and reports the outcome with the token;
+the last failure escalates (`CompensationFailed`) and stops the unwinding.
 
     @compensation("undo_send_email")
     async def undo_send_email(*, original_result, **_):
@@ -58,27 +58,33 @@ def registered_compensation(fn_name: str) -> Compensation | None:
 
 
 async def _run_entry(client: UndoLogClient, org_id: str, entry_id: str) -> bool:
-    """Claim, run and report one entry; False if another runner claimed it first."""
+    """Claim, run and report one entry; False if another runner claimed it first, or took it
+    over after our claim lapsed (its outcome is then that runner's to report)."""
     try:
         claim = await client.claim_undo(org_id, entry_id)
     except _errors.InvalidStateTransition:
         return False
     fn = _REGISTRY.get(claim["fn_name"])
+    token = str(claim["claim_token"])
     backoff = claim["retry_backoff_ms"] / 1000
-    for attempt in range(max(1, claim["attempts_left"])):
-        if attempt:
-            await asyncio.sleep(backoff)
-        if fn is None:
-            error = f"no compensation named '{claim['fn_name']}' is registered in this agent"
-        else:
-            try:
-                await fn(**claim["payload"])
-            except Exception as exc:  # the compensation's own failure: report and retry
-                error = f"{type(exc).__name__}: {exc}"
+    try:
+        for attempt in range(max(1, claim["attempts_left"])):
+            if attempt:
+                await asyncio.sleep(backoff)
+            if fn is None:
+                error = f"no compensation named '{claim['fn_name']}' is registered in this agent"
             else:
-                await client.complete_undo(org_id, entry_id)
-                return True
-        await client.fail_undo(org_id, entry_id, error)  # raises CompensationFailed at the end
+                try:
+                    await fn(**claim["payload"])
+                except Exception as exc:  # the compensation's own failure: report and retry
+                    error = f"{type(exc).__name__}: {exc}"
+                else:
+                    await client.complete_undo(org_id, entry_id, token)
+                    return True
+            # Raises CompensationFailed after the last attempt.
+            await client.fail_undo(org_id, entry_id, error, token)
+    except _errors.ClaimNotHeld:
+        return False
     return True
 
 

@@ -28,6 +28,8 @@ group is what the proxy's REST API adds.
      ├── MethodNotAllowed               405 method_not_allowed
      ├── PayloadTooLarge                413 payload_too_large
      ├── InProgress                     409 in_progress                  (retryable, retry_after)
+     ├── ClaimNotHeld                   409 claim_not_held
+     ├── RateLimited                    429 rate_limited                 (retryable, retry_after)
      ├── EffectInDoubt                  409 effect_in_doubt
      ├── SessionClosed                  409 session_closed
      ├── ApprovalRejected               409 approval_rejected
@@ -47,6 +49,7 @@ __all__ = [
     "ApprovalTimedOut",
     "AuthFailed",
     "AuthMissing",
+    "ClaimNotHeld",
     "CommitFailed",
     "CompensationFailed",
     "CompensationRegisteredTooLate",
@@ -64,6 +67,7 @@ __all__ = [
     "NotExecuting",
     "NotFound",
     "PayloadTooLarge",
+    "RateLimited",
     "Serialization",
     "SessionClosed",
     "ToolError",
@@ -325,6 +329,41 @@ class InProgress(UndoLogError):
 
     def fields(self) -> dict[str, Any]:
         return {"effect_id": self.effect_id, "retry_after": self.retry_after}
+
+
+class ClaimNotHeld(UndoLogError):
+    """A report on an undo entry (`/complete`, `/fail`) whose claim token is not the entry's
+    current one: another runner holds it, or it was claimed again after this claim lapsed."""
+
+    code = "claim_not_held"
+    http_status = 409
+
+    def __init__(self, entry_id: str) -> None:
+        self.entry_id = entry_id
+        super().__init__(
+            f"Undo entry '{entry_id}' is not held by this claim token: another runner "
+            "claimed it, or it was claimed again after this claim's lease lapsed"
+        )
+
+    def fields(self) -> dict[str, Any]:
+        return {"entry_id": self.entry_id}
+
+
+class RateLimited(UndoLogError):
+    """Too many failed key checks or sign-ins from one client address."""
+
+    code = "rate_limited"
+    http_status = 429
+    retryable = True
+
+    def __init__(self, retry_after: int) -> None:
+        self.retry_after = retry_after
+        super().__init__(
+            f"too many failed authentication attempts from this address; retry after {retry_after}s"
+        )
+
+    def fields(self) -> dict[str, Any]:
+        return {"retry_after": self.retry_after}
 
 
 class EffectInDoubt(UndoLogError):

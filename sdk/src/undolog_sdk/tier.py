@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+# `COMPENSATION_LIMITS` and `check_compensation_integer` are for the server side (the config
+# loaders); the public names stay those of the reference.
 __all__ = ["CompensationDescriptor", "ToolTier"]
 
 
@@ -30,6 +32,24 @@ class ToolTier(enum.Enum):
     @property
     def requires_approval(self) -> bool:
         return self is ToolTier.IRREVERSIBLE
+
+
+# Ranges a compensation's integers must stay in. The store keeps them in 32-bit columns; past
+# these bounds a value is a mistake anyway (more retries than anyone waits for, a backoff
+# longer than an hour), and one accepted at registration broke every later call of the tool.
+COMPENSATION_LIMITS = {"max_retries": 1000, "retry_backoff_ms": 3_600_000}
+
+
+def check_compensation_integer(name: str, value: object) -> int:
+    """`value` if it is a whole number within `COMPENSATION_LIMITS[name]`.
+
+    Raises:
+        ValueError: a message naming the field and its range.
+    """
+    high = COMPENSATION_LIMITS[name]
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= high:
+        raise ValueError(f"compensation.{name} must be a whole number from 0 to {high}")
+    return value
 
 
 @dataclass
@@ -82,17 +102,22 @@ class CompensationDescriptor:
         args = data.get("args") or {}
         if not isinstance(args, dict):
             raise ValueError("compensation.args must be an object")
+        fn_version = data.get("fn_version", "1.0.0")
+        if not isinstance(fn_version, str):
+            raise ValueError("compensation.fn_version must be a string")
+        for name in ("fn_name", "fn_version"):
+            if "\x00" in data.get(name, ""):  # no store's text column can hold it
+                raise ValueError(f"compensation.{name} must not contain NUL characters")
         max_retries = data.get("max_retries", 3)
         backoff = data.get("retry_backoff_ms", 1000)
-        for name, value in (("max_retries", max_retries), ("retry_backoff_ms", backoff)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"compensation.{name} must be a non-negative integer")
+        check_compensation_integer("max_retries", max_retries)
+        check_compensation_integer("retry_backoff_ms", backoff)
         idempotent = data.get("idempotent", False)
         if not isinstance(idempotent, bool):
             raise ValueError("compensation.idempotent must be true or false")
         return cls(
             fn_name=data["fn_name"],
-            fn_version=str(data.get("fn_version", "1.0.0")),
+            fn_version=fn_version,
             args=args,
             max_retries=max_retries,
             retry_backoff_ms=backoff,

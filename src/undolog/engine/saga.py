@@ -6,11 +6,21 @@ own) *claims* the top entry, runs its compensation, and reports each attempt; on
 the next entry be claimed, so LIFO order holds whoever runs what. A claim holds a lease: a
 runner that dies mid-compensation loses it, and the next claim retries the same entry with the
 same idempotency key (the entry id).
+
+Each claim carries a fresh, unguessable claim token; reporting on the entry (`complete`,
+`fail_attempt`) requires it, so no other caller of the org can settle an entry someone else
+is running (which once marked a compensation that ran `failed`). Only the token's SHA-256 is
+stored: the token is a bearer credential, and a reader of the database (or a backup) must not
+be able to report in the runner's name. A new claim after the lease lapsed replaces the hash,
+which invalidates the old holder's token.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
+import secrets
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -30,13 +40,14 @@ from undolog.engine.states import (
 from undolog.store.base import Queries, Store
 from undolog.store.records import EffectRecord, SessionRecord, UndoEntryRecord
 from undolog_sdk.errors import (
+    ClaimNotHeld,
     CompensationFailed,
     InvalidRequest,
     InvalidStateTransition,
     NotFound,
 )
 
-__all__ = ["Claim", "RollbackStatus", "Saga", "StepKind", "plan_next"]
+__all__ = ["Claim", "RollbackStatus", "Saga", "StepKind", "hash_claim_token", "plan_next"]
 
 _DONE_ENTRY_STATES = frozenset({UndoState.COMPENSATED, UndoState.SKIPPED, UndoState.RESOLVED})
 # Effects whose forward call never took effect: their compensation has nothing to undo.
@@ -119,13 +130,14 @@ class RollbackStatus(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """A claimed entry: run `entry`'s compensation with `payload`, then report."""
+    """A claimed entry: run `entry`'s compensation with `payload`, then report with `token`."""
 
     entry: UndoEntryRecord
     effect: EffectRecord
     payload: dict[str, Any]
     attempts_left: int
     idempotent: bool = False  # the compensation may run again when its outcome is unknown
+    token: str = ""
 
 
 LOST_RUN = (
@@ -140,6 +152,11 @@ def is_idempotent(compensation_json: str | None) -> bool:
         return False
     data = orjson.loads(compensation_json)
     return isinstance(data, dict) and data.get("idempotent") is True
+
+
+def hash_claim_token(token: str) -> str:
+    """SHA-256 hex of a claim token: the only form in which the store keeps it."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
 def _now_us() -> int:
@@ -331,24 +348,28 @@ class Saga:
             entry.org_id, entry.session_id, now, state=SessionState.COMPENSATION_FAILED
         )
 
-    async def give_up(self, org_id: str, entry_id: str, error: str) -> NoReturn:
+    async def give_up(
+        self, org_id: str, entry_id: str, error: str, claim_token: str
+    ) -> NoReturn:
         """The claimed compensation's outcome is unknown (a timeout, a lost connection) and
         it is not idempotent: it needs an operator. Raises `CompensationFailed`."""
         now = self._clock()
         async with self.store.transaction() as q:
-            entry = await self._running_entry(q, org_id, entry_id)
+            entry = await self._running_entry(q, org_id, entry_id, claim_token)
             await self._needs_attention(q, entry, error, now)
         raise CompensationFailed(entry.fn_name, entry.max_retries, error)
 
-    async def renew_claim(self, org_id: str, entry_id: str) -> bool:
-        """Extend a running compensation's claim by a lease (its runner is alive)."""
+    async def renew_claim(self, org_id: str, entry_id: str, claim_token: str) -> bool:
+        """Extend a running compensation's claim by a lease (its runner, holding the claim's
+        token, is alive)."""
         async with self.store.autocommit() as q:
             return await q.update_undo_entry(
                 org_id, entry_id, expect_state=UndoState.RUNNING.value,
+                expect_claim=hash_claim_token(claim_token),
                 lease_expires_us=self._clock() + self.lease_us,
             )  # fmt: skip
 
-    async def start_attempt(self, org_id: str, entry_id: str) -> bool:
+    async def start_attempt(self, org_id: str, entry_id: str, claim_token: str) -> bool:
         """A retry of the claimed compensation starts: renew the claim and clear `last_error`.
 
         A claim whose `last_error` is set stopped between attempts (the failure was reported,
@@ -358,7 +379,8 @@ class Saga:
         """
         async with self.store.autocommit() as q:
             return await q.update_undo_entry(
-                org_id, entry_id, expect_state=UndoState.RUNNING.value, last_error=None,
+                org_id, entry_id, expect_state=UndoState.RUNNING.value,
+                expect_claim=hash_claim_token(claim_token), last_error=None,
                 lease_expires_us=self._clock() + self.lease_us, updated_us=self._clock(),
             )  # fmt: skip
 
@@ -391,9 +413,11 @@ class Saga:
                 state=EffectState.COMPENSATING.value, updated_us=now,
             )  # fmt: skip
         # The first attempt starts with the claim: no `last_error` (see `start_attempt`).
+        token = secrets.token_urlsafe(32)
         changed = await q.update_undo_entry(
             org_id, entry.entry_id, expect_state=entry.state, last_error=None,
             state=UndoState.RUNNING.value, lease_expires_us=now + self.lease_us, updated_us=now,
+            claim_token_hash=hash_claim_token(token),
         )  # fmt: skip
         if not changed:  # pragma: no cover - we hold the write transaction
             raise InvalidStateTransition(entry.entry_id, entry.state, UndoState.RUNNING.value)
@@ -412,6 +436,7 @@ class Saga:
             payload=compensation_payload(entry, effect),
             attempts_left=max(0, entry.max_retries + 1 - entry.attempts),
             idempotent=tool is not None and is_idempotent(tool.compensation_json),
+            token=token,
         )
 
     async def claim_entry(self, org_id: str, entry_id: str, runner: str) -> Claim:
@@ -438,17 +463,22 @@ class Saga:
             await q.update_undo_entry(
                 org_id, entry.entry_id, expect_state=UndoState.RUNNING.value,
                 state=UndoState.PENDING.value, lease_expires_us=None, updated_us=now,
+                claim_token_hash=None,
             )  # fmt: skip
 
-    async def complete(self, org_id: str, entry_id: str) -> UndoEntryRecord:
-        """The claimed compensation succeeded: entry and effect are `compensated`."""
+    async def complete(self, org_id: str, entry_id: str, claim_token: str) -> UndoEntryRecord:
+        """The claimed compensation succeeded: entry and effect are `compensated`.
+
+        Raises:
+            ClaimNotHeld: `claim_token` is not the entry's current claim.
+        """
         now = self._clock()
         async with self.store.transaction() as q:
-            entry = await self._running_entry(q, org_id, entry_id)
+            entry = await self._running_entry(q, org_id, entry_id, claim_token)
             await q.update_undo_entry(
                 org_id, entry_id, expect_state=UndoState.RUNNING.value,
                 state=UndoState.COMPENSATED.value, attempts=entry.attempts + 1,
-                lease_expires_us=None, last_error=None, updated_us=now,
+                lease_expires_us=None, last_error=None, updated_us=now, claim_token_hash=None,
             )  # fmt: skip
             await q.update_effect(
                 org_id, entry.effect_id, expect_state=EffectState.COMPENSATING.value,
@@ -464,16 +494,21 @@ class Saga:
         assert done is not None
         return done
 
-    async def fail_attempt(self, org_id: str, entry_id: str, error: str) -> UndoEntryRecord:
+    async def fail_attempt(
+        self, org_id: str, entry_id: str, error: str, claim_token: str
+    ) -> UndoEntryRecord:
         """One attempt of the claimed compensation failed.
 
         With retries left the entry stays claimed (the runner waits `retry_backoff_ms` and
-        tries again). Without, the entry, its effect and the session become
-        `compensation_failed` and `CompensationFailed` is raised.
+        tries again, under the same token). Without, the entry, its effect and the session
+        become `compensation_failed` and `CompensationFailed` is raised.
+
+        Raises:
+            ClaimNotHeld: `claim_token` is not the entry's current claim.
         """
         now = self._clock()
         async with self.store.transaction() as q:
-            entry = await self._running_entry(q, org_id, entry_id)
+            entry = await self._running_entry(q, org_id, entry_id, claim_token)
             attempts = entry.attempts + 1
             exhausted = attempts > entry.max_retries
             # The runner sleeps the backoff before its next attempt: the lease covers both,
@@ -484,6 +519,7 @@ class Saga:
                 state=(UndoState.FAILED if exhausted else UndoState.RUNNING).value,
                 attempts=attempts, last_error=error, updated_us=now,
                 lease_expires_us=None if exhausted else lease,
+                claim_token_hash=None if exhausted else entry.claim_token_hash,
             )  # fmt: skip
             await q.insert_event(
                 org_id, "compensation_failed" if exhausted else "compensation_retrying",
@@ -506,12 +542,18 @@ class Saga:
             raise CompensationFailed(entry.fn_name, entry.max_retries, error)
         return failed
 
-    async def _running_entry(self, q: Queries, org_id: str, entry_id: str) -> UndoEntryRecord:
+    async def _running_entry(
+        self, q: Queries, org_id: str, entry_id: str, claim_token: str
+    ) -> UndoEntryRecord:
+        """The entry, claimed, and claimed with this token."""
         entry = await q.get_undo_entry(org_id, entry_id)
         if entry is None:
             raise NotFound(f"undo entry '{entry_id}' not found")
         if entry.state != UndoState.RUNNING:
             raise InvalidStateTransition(entry_id, entry.state, "reported")
+        held = entry.claim_token_hash
+        if held is None or not hmac.compare_digest(held, hash_claim_token(claim_token)):
+            raise ClaimNotHeld(entry_id)
         return entry
 
     async def retry(self, org_id: str, entry_id: str) -> UndoEntryRecord:

@@ -30,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from undolog_sdk.tier import check_compensation_integer
+
 __all__ = [
     "McpCompensation",
     "McpSettings",
@@ -115,10 +117,12 @@ def _str_map(where: str, value: Any) -> dict[str, str]:
     return dict(value)
 
 
-def _int(where: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{where}: expected a non-negative integer, got {value!r}")
-    return value
+def _bounded(where: str, name: str, value: Any) -> int:
+    """A compensation integer within the range every store holds (`COMPENSATION_LIMITS`)."""
+    try:
+        return check_compensation_integer(name, value)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def _unknown(where: str, item: Mapping[str, Any], allowed: frozenset[str]) -> None:
@@ -140,8 +144,8 @@ def _compensation(where: str, raw: Any) -> McpCompensation:
     return McpCompensation(
         tool=tool,
         args=args,
-        max_retries=_int(f"{where}.max_retries", raw.get("max_retries", 3)),
-        retry_backoff_ms=_int(f"{where}.retry_backoff_ms", raw.get("retry_backoff_ms", 1000)),
+        max_retries=_bounded(where, "max_retries", raw.get("max_retries", 3)),
+        retry_backoff_ms=_bounded(where, "retry_backoff_ms", raw.get("retry_backoff_ms", 1000)),
     )
 
 

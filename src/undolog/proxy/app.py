@@ -32,14 +32,16 @@ from undolog.proxy.executor import ToolExecutor
 from undolog.proxy.held import HeldResults
 from undolog.proxy.lease import LeaseKeeper, sweep_leases_forever
 from undolog.proxy.metrics import ProxyMetrics
+from undolog.proxy.metrics_listener import MetricsListener
 from undolog.proxy.overview import router as overview_router
+from undolog.proxy.ratelimit import FailureLimiter
 from undolog.proxy.ready import router as ready_router
 from undolog.proxy.routes import router
 from undolog.proxy.toolcall import tool_call
 from undolog.proxy.ui_auth import SessionTokens, UiSessions
 from undolog.proxy.ui_auth import router as ui_auth_router
 from undolog.proxy.undo import router as undo_router
-from undolog.proxy.wire import error_body, json_response
+from undolog.proxy.wire import error_body, internal_error_message, json_response
 from undolog.store import Store, open_store
 from undolog.store.records import KeyRecord
 from undolog.ui import mount_ui
@@ -227,7 +229,18 @@ def create_app(settings: Settings) -> Any:
         runtime = await open_runtime(settings, metrics)
         metrics_holder["runtime"] = runtime
         app.state.runtime = runtime
+        listener: MetricsListener | None = None
         try:
+            if settings.metrics_port is not None:
+                listener = MetricsListener(metrics, settings.metrics_host, settings.metrics_port)
+                try:
+                    await listener.start()
+                except OSError as exc:
+                    listener = None
+                    raise RuntimeError(
+                        f"cannot listen for /metrics on {settings.metrics_host}:"
+                        f"{settings.metrics_port}: {exc.strerror}"
+                    ) from None
             await runtime.broker.start()
             runtime.leases.start()
             sweepers = [
@@ -247,6 +260,8 @@ def create_app(settings: Settings) -> Any:
                 await runtime.broker.stop()
         finally:
             # Also when start-up fails after the store opened: a store left open hangs the exit.
+            if listener is not None:
+                await listener.stop()
             await runtime.executor.close()
             await runtime.store.close()
 
@@ -287,19 +302,25 @@ def create_app(settings: Settings) -> Any:
 
     @api.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception) -> Response:
-        # A bug: answer with the error body (and the request id to find it in the logs).
+        # A bug: the details go to the log; the client gets the request id to find them.
+        request_id = request.state.request_id
         structlog.get_logger("undolog.proxy").exception(
-            "unhandled_error", request_id=request.state.request_id, path=request.url.path
+            "unhandled_error", request_id=request_id, path=request.url.path
         )
         return json_response(
-            error_body(request.state.request_id, "internal_error", f"Internal error: {exc!r}"),
-            500,
+            error_body(request_id, "internal_error", internal_error_message(request_id)), 500
         )
 
     @api.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        # Field and reason only: the errors' own repr carries the input and Python types.
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error.get('loc', ()))}: {error.get('msg', '')}"
+            for error in exc.errors()
+        )
         return json_response(
-            error_body(request.state.request_id, "invalid_request", str(exc.errors())), 400
+            error_body(request.state.request_id, "invalid_request", f"invalid request: {problems}"),
+            400,
         )
 
     async def lookup(key_hash: str) -> KeyRecord | None:
@@ -314,12 +335,18 @@ def create_app(settings: Settings) -> Any:
     )
     api.state.ui_sessions = sessions
     api.state.ui_key_lookup = keys.record_for_key
+    limiter = FailureLimiter(settings.auth_failure_limit, settings.auth_failure_window_seconds)
+    api.state.allowed_origins = settings.allowed_origins
+    api.state.auth_limiter = limiter
     edge = Edge(
         api,
         metrics=metrics,
         keys=keys,
         max_body_bytes=settings.max_body_bytes,
         sessions=sessions,
+        metrics_token=settings.metrics_token,
+        allowed_origins=settings.allowed_origins,
+        limiter=limiter,
     )
     tool_call_route = next(r for r in api.routes if getattr(r, "path", "") == "/mcp/tool_call")
     edge.fast_routes[("POST", "/mcp/tool_call")] = (tool_call_route, tool_call)

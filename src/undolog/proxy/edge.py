@@ -2,11 +2,15 @@
 
 Written as plain ASGI rather than `BaseHTTPMiddleware`, which costs a task and a memory
 stream per request on the hot path. Order: a request id for every response; `/health` and
-`/metrics` answered before anything else (outside auth and outside the HTTP metrics, as the
-reference says); then the body limit; then auth, which puts the key's principal in
-`scope["state"]` (`org_id`, `key_id`, `key_name`, `role`, `principal`) and checks the role
-against the permission table (`roles.py`: 403 `forbidden`); then the app, timed per route
-template. The org and the actor always come from the key, never from what the client writes.
+`/metrics` answered before anything else (outside the HTTP metrics, as the reference says;
+`/metrics` only to `Authorization: Bearer <metrics_token>`, since it names every org, and not
+at all without a configured token — `metrics_port` serves it on a private listener instead);
+then the body limit; then auth, which puts the key's principal in `scope["state"]` (`org_id`,
+`key_id`, `key_name`, `role`, `principal`) and checks the role against the permission table
+(`roles.py`: 403 `forbidden`); then the app, timed per route template. The org and the actor
+always come from the key, never from what the client writes. Failed key checks count per
+client address (`ratelimit.py`): past the limit a wrong key answers 429, a valid key always
+passes.
 
 Auth takes the `X-Api-Key` header first; without one, the dashboard's session cookie
 (`ui_auth.py`) stands in for it, and a state-changing request must then also pass the
@@ -34,12 +38,23 @@ from starlette.responses import Response
 
 from undolog.config import hash_api_key
 from undolog.engine.keys import Role
+from undolog.proxy.inputs import path_problem
 from undolog.proxy.metrics import ProxyMetrics
+from undolog.proxy.ratelimit import FailureLimiter, client_address
 from undolog.proxy.roles import Principal, allowed
 from undolog.proxy.ui_auth import UiSessions, cookie_token, same_origin
-from undolog.proxy.wire import error_body
+from undolog.proxy.wire import error_body, internal_error_message
 from undolog.store.records import KeyRecord
-from undolog_sdk.errors import AuthFailed, AuthMissing, Forbidden, PayloadTooLarge, UndoLogError
+from undolog_sdk.errors import (
+    AuthFailed,
+    AuthMissing,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+    UndoLogError,
+)
 
 __all__ = ["Edge", "KeyResolver"]
 
@@ -145,6 +160,30 @@ async def _send_json(send: Send, status: int, body: Any, request_id: str | None 
     await send({"type": "http.response.body", "body": payload})
 
 
+async def _send_error(
+    send: Send,
+    exc: UndoLogError,
+    request_id: str,
+    *,
+    id_header: bool = False,
+    extra: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    """The error body of `exc` (with its fields, and `Retry-After` when it has one)."""
+    fields = exc.fields()
+    body = orjson.dumps(error_body(request_id, exc.code, exc.message, **fields))
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if fields.get("retry_after") is not None:
+        headers.append((b"retry-after", str(fields["retry_after"]).encode()))
+    headers.extend(extra)
+    if id_header:
+        headers.append((b"x-request-id", request_id.encode()))
+    await send({"type": "http.response.start", "status": exc.http_status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 class Edge:
     """Wraps the FastAPI app; see the module docstring for what it does, in order."""
 
@@ -156,12 +195,18 @@ class Edge:
         keys: KeyResolver,
         max_body_bytes: int,
         sessions: UiSessions | None = None,
+        metrics_token: str | None = None,
+        allowed_origins: tuple[str, ...] = (),
+        limiter: FailureLimiter | None = None,
     ) -> None:
         self.app = app
         self.metrics = metrics
         self.keys = keys
         self.max_body_bytes = max_body_bytes
         self.sessions = sessions
+        self.metrics_token = metrics_token
+        self.allowed_origins = allowed_origins
+        self.limiter = limiter if limiter is not None else FailureLimiter(10, 60.0)
         # (method, path) → (route, handler) served straight from here, past FastAPI's
         # routing and middleware: the hot path (`POST /mcp/tool_call`). The route object is
         # still registered with FastAPI, for OpenAPI and for the metrics label.
@@ -184,7 +229,7 @@ class Edge:
             await _send_json(send, 200, {"status": "ok", "service": "undolog-proxy"}, request_id)
             return
         if path == "/metrics":
-            await self._send_metrics(send, request_id)
+            await self._gated_metrics(scope, send, request_id)
             return
 
         status_holder = [500]
@@ -223,9 +268,12 @@ class Edge:
                     raise Forbidden(
                         f"an {principal.role.value} key may not use {scope['method']} {path}"
                     )
+            problem = path_problem(path)
+            if problem is not None:
+                raise InvalidRequest(problem)
         except UndoLogError as exc:
             # `send` is the wrapper that adds the X-Request-Id header: not a second one here.
-            await _send_json(send, exc.http_status, error_body(request_id, exc.code, exc.message))
+            await _send_error(send, exc, request_id)
             return
         fast = self.fast_routes.get((scope["method"], path))
         if fast is None:
@@ -236,11 +284,11 @@ class Edge:
         scope["route"] = route
         try:
             response = await handler(Request(scope, receive))
-        except Exception as exc:  # a bug: the error body, as the app's own handler would
+        except Exception:  # a bug: the error body, as the app's own handler would
             structlog.get_logger("undolog.proxy").exception(
                 "unhandled_error", request_id=request_id, path=path
             )
-            body = error_body(request_id, "internal_error", f"Internal error: {exc!r}")
+            body = error_body(request_id, "internal_error", internal_error_message(request_id))
             await _send_json(send, 500, body)
             return
         await response(scope, receive, send)
@@ -282,6 +330,7 @@ class Edge:
         if key:
             principal = await self.keys.principal_for_key(key)
             if principal is None:
+                self._failed_attempt(scope)
                 raise AuthFailed("API key not recognised")
         else:
             principal = await self._cookie_principal(scope)
@@ -300,9 +349,38 @@ class Edge:
         principal = await self.sessions.principal(token)
         if principal is None:
             raise AuthMissing("the dashboard session has ended or is invalid: sign in again")
-        if scope["method"] in _BODY_METHODS and not same_origin(scope):
+        if scope["method"] in _BODY_METHODS and not same_origin(scope, self.allowed_origins):
             raise AuthFailed("a dashboard request must come from the dashboard's own origin")
         return principal
+
+    def _failed_attempt(self, scope: Scope) -> None:
+        """Count a failed credential; raises `RateLimited` past the limit for this address."""
+        retry_after = self.limiter.failed(client_address(scope))
+        if retry_after is not None:
+            raise RateLimited(retry_after)
+
+    async def _gated_metrics(self, scope: Scope, send: Send, request_id: str) -> None:
+        """`/metrics` on the main port: only with the configured bearer token."""
+        try:
+            if self.metrics_token is None:
+                raise NotFound(
+                    "/metrics is not served on this port: set metrics_token (--metrics-token, "
+                    "UNDOLOG_METRICS_TOKEN) and send 'Authorization: Bearer <token>', or set "
+                    "metrics_port to serve it on a separate private listener"
+                )
+            auth = _header(scope, b"authorization") or ""
+            scheme, _, given = auth.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                given.strip().encode(), self.metrics_token.encode()
+            ):
+                if auth:
+                    self._failed_attempt(scope)
+                raise AuthMissing("/metrics needs 'Authorization: Bearer <metrics_token>'")
+        except UndoLogError as exc:
+            challenge = ((b"www-authenticate", b"Bearer"),) if exc.http_status == 401 else ()
+            await _send_error(send, exc, request_id, id_header=True, extra=challenge)
+            return
+        await self._send_metrics(send, request_id)
 
     async def _send_metrics(self, send: Send, request_id: str) -> None:
         payload = self.metrics.render()

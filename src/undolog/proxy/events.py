@@ -28,9 +28,11 @@ from sse_starlette.event import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
 from starlette.responses import Response
 
+from undolog.proxy.inputs import event_id
 from undolog.proxy.metrics import ProxyMetrics
-from undolog.proxy.wire import error_body, iso, json_response
+from undolog.proxy.wire import error_body, error_response, iso, json_response
 from undolog.store import EventRecord, Store
+from undolog_sdk.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from undolog.proxy.app import Runtime
@@ -187,10 +189,10 @@ def _sse(event: EventRecord) -> bytes:
 
 
 def _resume_from(request: Request) -> int | None:
-    raw = request.headers.get("last-event-id") or request.query_params.get("last_event_id")
-    if raw is None or raw == "":
-        return None
-    return int(raw) if raw.isdigit() else -1
+    """The id to resume after; raises `InvalidRequest` for anything that is no event id."""
+    return event_id(
+        request.headers.get("last-event-id") or request.query_params.get("last_event_id")
+    )
 
 
 @router.get("/events")
@@ -200,12 +202,10 @@ async def events(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     org_id: str = request.state.org_id
     broker = runtime.broker
-    after = _resume_from(request)
-    if after == -1:
-        return json_response(
-            error_body(request.state.request_id, "invalid_request", "Last-Event-ID must be an id"),
-            400,
-        )
+    try:
+        after = _resume_from(request)
+    except InvalidRequest as exc:
+        return error_response(request.state.request_id, exc)
     await broker.catch_up()
     sub = broker.subscribe(org_id)
     if sub is None:

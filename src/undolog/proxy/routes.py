@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from undolog.proxy.inputs import scrubbed, storable
 from undolog.proxy.wire import (
     JSONDecodeError,
     approval_json,
@@ -47,14 +48,6 @@ async def _json_object(request: Request, *, optional: bool = False) -> dict[str,
     if not isinstance(data, dict):
         raise InvalidRequest("the body must be a JSON object")
     return data
-
-
-def _storable(text: str) -> str:
-    """An error message as every store can hold it (PostgreSQL text refuses NUL).
-
-    Replaced rather than refused: refusing would leave a failed run unrecorded.
-    """
-    return text.replace("\x00", "\ufffd")
 
 
 def _result_json(value: Any) -> str:
@@ -130,8 +123,8 @@ async def put_tool(name: str, request: Request) -> Response:
         tier, version = data.get("tier", ""), data.get("version", "1.0.0")
         if not isinstance(tier, str) or not isinstance(version, str):
             raise InvalidRequest("tier and version must be strings")
-        if "\x00" in name or "\x00" in version:  # PostgreSQL text cannot hold NUL
-            raise InvalidRequest("tool name and version must not contain NUL characters")
+        storable(name, "tool name")
+        storable(version, "version")
         idempotent = data.get("idempotent_upstream", False)
         if not isinstance(idempotent, bool):
             raise InvalidRequest("idempotent_upstream must be a boolean")
@@ -179,7 +172,8 @@ async def fail_effect(id: str, request: Request) -> Response:
         error = data.get("error")
         if not isinstance(error, str):
             raise InvalidRequest("error must be a string")
-        effect = await runtime.engine.fail(request.state.org_id, id, _storable(error))
+        # Scrubbed, not refused: refusing would leave a failed run unrecorded.
+        effect = await runtime.engine.fail(request.state.org_id, id, scrubbed(error))
     except UndoLogError as exc:
         return error_response(request.state.request_id, exc)
     return json_response(effect_json(effect))
@@ -207,7 +201,7 @@ async def resolve_effect(id: str, request: Request) -> Response:
             id,
             outcome=outcome,
             result_json=result,
-            error=None if error is None else _storable(error),
+            error=None if error is None else storable(error, "error"),
         )
     except UndoLogError as exc:
         return error_response(request.state.request_id, exc)

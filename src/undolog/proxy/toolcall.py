@@ -19,6 +19,7 @@ from undolog.engine import Decision, Outcome
 from undolog.engine.states import REPLAYABLE_STATES
 from undolog.proxy.delivery import AnswerWatch, WatchedResponse
 from undolog.proxy.executor import ToolTransportError, ToolUnreachable
+from undolog.proxy.inputs import storable
 from undolog.proxy.wire import (
     JSON_TYPE,
     JSONDecodeError,
@@ -65,11 +66,11 @@ def parse_tool_call(body: bytes) -> dict[str, Any]:
     session_id = data.get("session_id")
     if not isinstance(session_id, str) or not session_id:
         raise InvalidRequest("missing session_id")
+    storable(session_id, "session_id")
     tool_name = data.get("tool_name")
     if not isinstance(tool_name, str) or not tool_name:
         raise InvalidRequest("missing tool_name")
-    if "\x00" in tool_name:  # PostgreSQL text cannot hold it: a 502 instead of a 400
-        raise InvalidRequest("tool_name must not contain NUL characters")
+    storable(tool_name, "tool_name")
     if "args" not in data:
         raise InvalidRequest("missing args")
     if not isinstance(data["args"], dict):
@@ -80,8 +81,10 @@ def parse_tool_call(body: bytes) -> dict[str, Any]:
     ):
         raise InvalidRequest("step_index must be an unsigned 32-bit integer")
     version = data.get("tool_version")
-    if version is not None and (not isinstance(version, str) or "\x00" in version):
-        raise InvalidRequest("tool_version must be a string without NUL characters")
+    if version is not None and not isinstance(version, str):
+        raise InvalidRequest("tool_version must be a string")
+    if version is not None:
+        storable(version, "tool_version")
     mode = data.get("mode", "proxy")
     if mode not in ("proxy", "sdk"):
         raise InvalidRequest("mode must be 'proxy' or 'sdk'")

@@ -4,8 +4,10 @@ The cookie (`undolog_session`) carries a random session id and an expiry, signed
 HMAC-SHA256 under the server's `ui_secret` — never the key. It is HttpOnly and
 SameSite=Strict, Secure when the request came over https. The edge accepts it in place of
 `X-Api-Key`; a request that changes state with it must also prove it comes from the
-dashboard's own origin (`X-Requested-With: undolog-ui`, or an `Origin` matching the `Host`),
-which a cross-site form cannot forge.
+dashboard's own origin: an `Origin` among the allowed origins (the `allowed_origins` setting,
+or this server's own address), or, without `Origin`, `X-Requested-With: undolog-ui` and an
+allowed `Host`. Neither a cross-site form nor a DNS-rebinding page can forge that. Failed
+sign-ins count toward the per-address limit on failed authentication (`ratelimit.py`).
 
 Sessions are kept server-side (`ui_sessions`, the session id stored as its SHA-256) and tied
 to the key that signed in: each request checks the session is neither signed out nor expired
@@ -22,7 +24,7 @@ import hmac
 import secrets
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,10 +35,12 @@ from starlette.responses import Response
 
 from undolog.engine.keys import Role
 from undolog.engine.model import now_us
+from undolog.proxy.ratelimit import FailureLimiter, client_address
 from undolog.proxy.roles import Principal
-from undolog.proxy.wire import error_body, json_response
+from undolog.proxy.wire import error_body, error_response, json_response
 from undolog.store.base import Store
 from undolog.store.records import KeyRecord
+from undolog_sdk.errors import RateLimited
 
 __all__ = [
     "COOKIE_NAME",
@@ -44,6 +48,7 @@ __all__ = [
     "CSRF_VALUE",
     "SessionTokens",
     "UiSessions",
+    "allowed_origins",
     "cookie_token",
     "router",
     "same_origin",
@@ -162,17 +167,63 @@ def cookie_token(headers: Any) -> str | None:
     return None
 
 
-def same_origin(scope: MutableMapping[str, Any]) -> bool:
-    """Did the dashboard itself send this request? (the CSRF check for cookie auth)"""
+def _normal_origin(origin: str) -> str | None:
+    """`scheme://host[:port]` in lower case, without a default port; None if malformed."""
+    try:
+        parts = urllib.parse.urlsplit(origin.strip().lower())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    if port is None or port == {"http": 80, "https": 443}[parts.scheme]:
+        return f"{parts.scheme}://{host}"
+    return f"{parts.scheme}://{host}:{port}"
+
+
+def allowed_origins(
+    scope: MutableMapping[str, Any], configured: Iterable[str] = ()
+) -> frozenset[str]:
+    """The origins the dashboard may send state-changing requests from.
+
+    The configured ones (`allowed_origins`) if any; else this server's own address as it
+    accepted the connection (`scope["server"]`, never the client's `Host` header), plus
+    localhost and 127.0.0.1 on that port.
+    """
+    listed = {o for o in (_normal_origin(c) for c in configured) if o}
+    if listed:
+        return frozenset(listed)
+    server = scope.get("server")
+    if not server or server[1] is None:
+        return frozenset()
+    scheme = scope.get("scheme", "http")
+    names = {str(server[0]), "localhost", "127.0.0.1"}
+    found = (_normal_origin(f"{scheme}://{n if ':' not in n else f'[{n}]'}:{server[1]}")
+             for n in names)  # fmt: skip
+    return frozenset(o for o in found if o)
+
+
+def same_origin(scope: MutableMapping[str, Any], configured: Iterable[str] = ()) -> bool:
+    """Did the dashboard itself send this request? (the CSRF and DNS-rebinding check for
+    cookie auth and sign-in)
+
+    With an `Origin` header, it must be one of `allowed_origins`. Without one (older
+    browsers), the request must carry `X-Requested-With: undolog-ui` and name an allowed
+    origin in its `Host`. Matching `Origin` to `Host` is not enough: under DNS rebinding an
+    attacker's name points at this server, and both headers then carry that name.
+    """
     headers: dict[str, str] = {
         k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
     }
-    if headers.get(CSRF_HEADER) == CSRF_VALUE:
-        return True  # a cross-site page cannot set a custom header without CORS, which we lack
-    origin, host = headers.get("origin"), headers.get("host")
-    if not origin or not host or origin == "null":
+    allowed = allowed_origins(scope, configured)
+    origin = headers.get("origin")
+    if origin is not None:
+        return origin != "null" and _normal_origin(origin) in allowed
+    host = headers.get("host")
+    if headers.get(CSRF_HEADER) != CSRF_VALUE or not host:
         return False
-    return urllib.parse.urlsplit(origin).netloc.lower() == host.lower()
+    return _normal_origin(f"{scope.get('scheme', 'http')}://{host}") in allowed
 
 
 # -- routes ------------------------------------------------------------------------------------
@@ -222,7 +273,7 @@ def _refused(request: Request, status: int, code: str, message: str) -> Response
 async def login(request: Request) -> Response:
     """Exchange an `approver` or `admin` key for the session cookie (JSON `{"api_key"}` or
     a form field)."""
-    if not same_origin(request.scope):
+    if not same_origin(request.scope, request.app.state.allowed_origins):
         return _refused(request, 403, "auth_failed", "sign-in must come from the dashboard")
     key, is_form = await _submitted_key(request)
     if key is None or len(key) > _MAX_KEY_CHARS:
@@ -230,6 +281,10 @@ async def login(request: Request) -> Response:
     lookup: Callable[[str], Awaitable[KeyRecord | None]] = request.app.state.ui_key_lookup
     record = await lookup(key)
     if record is None:
+        limiter: FailureLimiter = request.app.state.auth_limiter
+        retry_after = limiter.failed(client_address(request.scope))
+        if retry_after is not None:
+            return error_response(request.state.request_id, RateLimited(retry_after))
         return _refused(request, 401, "auth_failed", "API key not recognised")
     if record.role not in (Role.APPROVER, Role.ADMIN):
         return _refused(request, 403, "forbidden", "the dashboard needs an approver or admin key")
@@ -251,7 +306,7 @@ async def login(request: Request) -> Response:
 @router.post("/ui/logout")
 async def logout(request: Request) -> Response:
     """End the session server-side and clear the cookie."""
-    if not same_origin(request.scope):
+    if not same_origin(request.scope, request.app.state.allowed_origins):
         return _refused(request, 403, "auth_failed", "sign-out must come from the dashboard")
     token = cookie_token(request.scope["headers"])
     if token:

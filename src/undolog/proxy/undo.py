@@ -5,7 +5,7 @@ every entry whose compensation lives on the tool server (entries of proxy-execut
 each with up to `max_retries` retries `retry_backoff_ms` apart. It stops when the stack is
 done, when an entry gives up (`502 compensation_failed`), or when the top entry belongs to the
 SDK (`waiting_for_runner`: the SDK claims it with `POST /undo/{entry}/claim`, runs it, reports
-with `/complete` or `/fail`, and calls rollback again).
+with `/complete` or `/fail` carrying the claim's `claim_token`, and calls rollback again).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from undolog.engine.saga import Claim, RollbackStatus
 from undolog.proxy.executor import ToolResult, ToolTransportError, ToolUnreachable
+from undolog.proxy.inputs import scrubbed, storable
 from undolog.proxy.wire import error_body, error_response, json_response, undo_entry_json
 from undolog.store.records import UndoEntryRecord
 from undolog_sdk.errors import (
@@ -53,19 +54,20 @@ async def _compensation_upstream(runtime: Runtime, claim: Claim) -> str | None:
     return tool.upstream
 
 
-async def _renew_claim(runtime: Runtime, entry: UndoEntryRecord) -> None:
+async def _renew_claim(runtime: Runtime, claim: Claim) -> None:
     """Keep a running compensation's claim alive (every third of a lease) until cancelled."""
+    entry = claim.entry
     while True:
         await asyncio.sleep(runtime.leases.interval)
         with contextlib.suppress(UndoLogError):  # the store is down: the claim runs down
-            await runtime.saga.renew_claim(entry.org_id, entry.entry_id)
+            await runtime.saga.renew_claim(entry.org_id, entry.entry_id, claim.token)
 
 
 async def _call_compensation(
     runtime: Runtime, claim: Claim, request_id: str, upstream: str | None
 ) -> ToolResult:
     entry = claim.entry
-    renewer = asyncio.create_task(_renew_claim(runtime, entry))
+    renewer = asyncio.create_task(_renew_claim(runtime, claim))
     try:
         return await runtime.executor.call(
             entry.fn_name,
@@ -97,7 +99,7 @@ async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | N
     for attempt in range(max(1, claim.attempts_left)):
         if attempt:
             await asyncio.sleep(backoff)
-            if not await runtime.saga.start_attempt(entry.org_id, entry.entry_id):
+            if not await runtime.saga.start_attempt(entry.org_id, entry.entry_id, claim.token):
                 return None  # taken over or settled meanwhile: not ours to run
         try:
             result = await _call_compensation(runtime, claim, request_id, upstream)
@@ -108,15 +110,18 @@ async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | N
                 runtime.metrics.effects_in_doubt.labels("compensation_unknown").inc()
                 try:
                     await runtime.saga.give_up(
-                        entry.org_id, entry.entry_id, f"compensation outcome unknown: {error}"
+                        entry.org_id,
+                        entry.entry_id,
+                        f"compensation outcome unknown: {error}",
+                        claim.token,
                     )
                 except CompensationFailed:
                     return error
         if error is None:
-            await runtime.saga.complete(entry.org_id, entry.entry_id)
+            await runtime.saga.complete(entry.org_id, entry.entry_id, claim.token)
             return None
         try:
-            await runtime.saga.fail_attempt(entry.org_id, entry.entry_id, error)
+            await runtime.saga.fail_attempt(entry.org_id, entry.entry_id, error, claim.token)
         except CompensationFailed:
             return error
     return error  # pragma: no cover - fail_attempt raises on the last attempt
@@ -212,20 +217,43 @@ async def complete_session(id: str, request: Request) -> Response:
     return json_response({"session_id": session.session_id, "state": session.state})
 
 
-async def _note(request: Request, field: str, *, required: bool) -> str | None:
+async def _body(request: Request, required: bool) -> dict[str, Any]:
+    """The JSON object body (empty when none was sent and none is required)."""
     body = await request.body()
     if not body.strip():
         if required:
-            raise InvalidRequest(f"a JSON body with '{field}' is required")
-        return None
+            raise InvalidRequest("a JSON object body is required")
+        return {}
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"invalid JSON body: {exc}") from None
-    value = data.get(field) if isinstance(data, dict) else None
-    if (value is None and required) or (value is not None and not isinstance(value, str)):
+    if not isinstance(data, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    return data
+
+
+def _text(data: dict[str, Any], field: str) -> str:
+    value = data.get(field)
+    if not isinstance(value, str):
         raise InvalidRequest(f"'{field}' must be a string")
     return value
+
+
+async def _note(request: Request) -> str:
+    """The operator's `{"note": "..."}`: refused if no store can hold it."""
+    return storable(_text(await _body(request, True), "note"), "'note'")
+
+
+async def _claim_token(request: Request) -> tuple[str, dict[str, Any]]:
+    """The `claim_token` a report must carry (from `POST /undo/{entry}/claim`), and the body."""
+    data = await _body(request, True)
+    token = data.get("claim_token")
+    if not isinstance(token, str) or not token:
+        raise InvalidRequest(
+            "'claim_token' is required: send the token that POST /undo/{entry}/claim returned"
+        )
+    return token, data
 
 
 @router.post("/undo/{entry}/claim")
@@ -239,7 +267,8 @@ async def claim_entry(entry: str, request: Request) -> Response:
     body = undo_entry_json(claim.entry)
     body["payload"] = claim.payload
     body["attempts_left"] = claim.attempts_left
-    return json_response(body)
+    body["claim_token"] = claim.token
+    return json_response(body, headers={"Cache-Control": "no-store"})
 
 
 async def _entry_answer(
@@ -256,16 +285,26 @@ async def _entry_answer(
 
 @router.post("/undo/{entry}/complete")
 async def complete_entry(entry: str, request: Request) -> Response:
-    return await _entry_answer(request, lambda rt, org: rt.saga.complete(org, entry))
+    """The claimed compensation succeeded: `{"claim_token": "..."}` (409 `claim_not_held`
+    when the token is not the entry's current claim)."""
+
+    async def complete(runtime: Runtime, org_id: str) -> UndoEntryRecord:
+        token, _ = await _claim_token(request)
+        return await runtime.saga.complete(org_id, entry, token)
+
+    return await _entry_answer(request, complete)
 
 
 @router.post("/undo/{entry}/fail")
 async def fail_entry(entry: str, request: Request) -> Response:
-    """One failed attempt (`{"error": "..."}`); the last one escalates (502)."""
+    """One failed attempt (`{"claim_token": "...", "error": "..."}`); the last one
+    escalates (502)."""
 
     async def fail(runtime: Runtime, org_id: str) -> UndoEntryRecord:
-        error = await _note(request, "error", required=True)
-        return await runtime.saga.fail_attempt(org_id, entry, error or "")
+        token, data = await _claim_token(request)
+        # Scrubbed, not refused: a failure report must not be lost over one character.
+        error = scrubbed(_text(data, "error"))
+        return await runtime.saga.fail_attempt(org_id, entry, error, token)
 
     return await _entry_answer(request, fail)
 
@@ -281,8 +320,8 @@ async def resolve_entry(entry: str, request: Request) -> Response:
     the note with the key that resolved it (`resolved by key:NAME: note`)."""
 
     async def resolve(runtime: Runtime, org_id: str) -> UndoEntryRecord:
-        note = await _note(request, "note", required=True)
+        note = await _note(request)
         by = request.state.principal.decider
-        return await runtime.saga.resolve(org_id, entry, f"resolved by {by}: {note or ''}")
+        return await runtime.saga.resolve(org_id, entry, f"resolved by {by}: {note}")
 
     return await _entry_answer(request, resolve)

@@ -26,6 +26,7 @@ __all__ = [
     "effect_json",
     "error_body",
     "error_response",
+    "internal_error_message",
     "iso",
     "json_response",
     "loads_exact",
@@ -100,6 +101,12 @@ def error_body(request_id: str, code: str, message: str, **extra: Any) -> dict[s
     }
     body.update({k: v for k, v in extra.items() if v is not None})
     return body
+
+
+def internal_error_message(request_id: str) -> str:
+    """What a client is told about a bug: a fixed text and the request id that finds the
+    details in the log; never the exception, whose text may carry internals."""
+    return f"internal error: the proxy logged the details under request id {request_id}"
 
 
 def error_response(

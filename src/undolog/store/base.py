@@ -43,7 +43,7 @@ EFFECT_COLUMNS = (
 _UNDO_COLUMNS = (
     "seq, entry_id, org_id, session_id, effect_id, fn_name, fn_version, args, max_retries, "
     "retry_backoff_ms, registered_us, state, attempts, last_error, updated_us, runner, "
-    "lease_expires_us"
+    "lease_expires_us, claim_token_hash"
 )
 _APPROVAL_COLUMNS = (
     "approval_id, org_id, effect_id, session_id, tool_name, args, status, created_us, "
@@ -70,7 +70,15 @@ _EFFECT_FIELDS = frozenset(
     }
 )
 _UNDO_FIELDS = frozenset(
-    {"state", "attempts", "last_error", "updated_us", "registered_us", "lease_expires_us"}
+    {
+        "state",
+        "attempts",
+        "last_error",
+        "updated_us",
+        "registered_us",
+        "lease_expires_us",
+        "claim_token_hash",
+    }
 )
 _APPROVAL_FIELDS = frozenset({"status", "decided_us", "decided_by", "reason", "timeout_us"})
 
@@ -586,7 +594,7 @@ class Queries(abc.ABC):
         """Push an entry on its session's undo stack; returns its `seq` (entry.seq is ignored)."""
         row = await self._fetchrow(
             f"INSERT INTO undo_entries ({_UNDO_COLUMNS.split(', ', 1)[1]}) VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
             entry.entry_id,
             entry.org_id,
             entry.session_id,
@@ -603,6 +611,7 @@ class Queries(abc.ABC):
             entry.updated_us,
             entry.runner,
             entry.lease_expires_us,
+            entry.claim_token_hash,
         )
         assert row is not None
         return int(row[0])
@@ -636,8 +645,16 @@ class Queries(abc.ABC):
         )
 
     async def update_undo_entry(
-        self, org_id: str, entry_id: str, *, expect_state: str | None = None, **changes: Any
+        self,
+        org_id: str,
+        entry_id: str,
+        *,
+        expect_state: str | None = None,
+        expect_claim: str | None = None,
+        **changes: Any,
     ) -> bool:
+        """Update an entry; `expect_*`: only while it is in that state / held by that claim
+        (the SHA-256 hex of the claim token). Answers whether a row changed."""
         unknown = set(changes) - _UNDO_FIELDS
         if unknown:
             raise ValueError(f"not updatable undo columns: {sorted(unknown)}")
@@ -647,6 +664,9 @@ class Queries(abc.ABC):
         if expect_state is not None:
             sql += " AND state = ?"
             args.append(expect_state)
+        if expect_claim is not None:
+            sql += " AND claim_token_hash = ?"
+            args.append(expect_claim)
         return await self._execute(sql, *args) == 1
 
     # -- approvals ---------------------------------------------------------------------------

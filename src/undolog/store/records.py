@@ -110,6 +110,7 @@ class UndoEntryRecord:
     updated_us: int
     runner: str = "proxy"  # who runs the compensation: "proxy" (tool server) or "sdk"
     lease_expires_us: int | None = None  # while claimed (running): when the claim lapses
+    claim_token_hash: str | None = None  # while claimed: SHA-256 hex of the holder's token
 
 
 @dataclass(frozen=True, slots=True)
