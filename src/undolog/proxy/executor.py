@@ -12,6 +12,8 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
+from undolog.faults import crash_point
+
 __all__ = ["ToolExecutor", "ToolResult", "ToolRouter", "ToolTransportError"]
 
 
@@ -114,6 +116,7 @@ class ToolExecutor:
             async with self._session.post(
                 f"{base}/tools/{tool_name}", data=body, headers=headers
             ) as response:
+                crash_point("during_upstream")
                 raw = await response.read()
                 status = response.status
         except TimeoutError:

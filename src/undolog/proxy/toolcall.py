@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from undolog.engine import Decision, Outcome
+from undolog.faults import crash_point
 from undolog.proxy.delivery import AnswerWatch, WatchedResponse
 from undolog.proxy.executor import ToolTransportError
 from undolog.proxy.wire import (
@@ -232,6 +233,7 @@ async def execute_decision(
     effect_id = decision.effect_id
     log = log.bind(effect_id=effect_id, tool_name=decision.tool.name)
     started = time.perf_counter()
+    crash_point("after_intent")
     try:
         result = await runtime.executor.call(
             decision.tool.name,
@@ -257,6 +259,7 @@ async def execute_decision(
         time.perf_counter() - started
     )
     result_json = result.to_json()
+    crash_point("after_answer")
     if decision.logged:
         try:
             await _with_retries(
@@ -269,4 +272,5 @@ async def execute_decision(
         except UndoLogError as exc:
             log.error("commit_failed", error=exc.message)
             return Execution(None, CommitFailed(exc.message))
+        crash_point("after_commit")
     return Execution(result_json, None)

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from undolog.engine.saga import Claim, RollbackStatus
+from undolog.faults import crash_point
 from undolog.proxy.executor import ToolTransportError
 from undolog.proxy.wire import error_body, error_response, json_response, undo_entry_json
 from undolog.store.records import UndoEntryRecord
@@ -58,6 +59,7 @@ async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | N
             error = None if result.success else (result.error or "compensation reported failure")
         except ToolTransportError as exc:
             error = str(exc)
+        crash_point("mid_rollback")
         if error is None:
             await runtime.saga.complete(entry.org_id, entry.entry_id)
             return None
