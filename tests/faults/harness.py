@@ -1,0 +1,280 @@
+"""What every fault test shares: proxies on one store and org, calls, retries, the invariants.
+
+A `Cluster` is one org on one store in front of the counting tool server (`upstream.py`),
+with proxy child processes (`python -m undolog serve`) started on demand, some of them armed
+with a crash point. A `Call` is one logical call (a session and a step), which keeps every
+answer it got. The invariants are computed from evidence that outlives any process: the
+execution log the tool server fsyncs, replays served by a clean proxy, and the store's rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from tests.faults.upstream import TOOLS, ExecutionLog
+from tests.proxy.conftest import spawn_proxy
+from tests.support.servers import ProcessServer, wait_until
+from undolog.faults import CRASH_EXIT_CODE
+
+LEASE_SECONDS = 2
+DEADLINE = 60.0
+RETRY_PAUSE = 0.05
+"""The client's pause between two tries of a call that was not settled: its retry policy."""
+
+IN_DOUBT = "409 effect_in_doubt"
+SETTLED = ("200 executed", "200 replayed", IN_DOUBT)
+"""The final answers of a tool call: a result, or the documented in-doubt answer."""
+TRANSIENT_CODES = frozenset(
+    {"in_progress", "tool_error", "commit_failed", "intercept_failed", "database_error"}
+)
+"""Answers a client retries: the call is running elsewhere, or this try did not settle it."""
+TRANSPORT_ERROR = "transport_error"
+
+
+def tool_specs(compensation_kind: str = "idempotent") -> dict[str, dict[str, Any]]:
+    """The registry entries of the counting tools; `write`'s undo is `unwrite` (runs on every
+    request) or `iunwrite` (honours the key), as `compensation_kind` says."""
+    undo = "iunwrite" if compensation_kind == "idempotent" else "unwrite"
+    once = {"max_retries": 0, "retry_backoff_ms": 10}
+    return {
+        "write": {"tier": "compensable", "compensation": {"fn_name": undo, **once}},
+        "iwrite": {
+            "tier": "compensable",
+            "compensation": {"fn_name": "iunwrite", **once},
+            "idempotent_upstream": True,
+        },
+    }
+
+
+def outcome(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return f"{response.status_code} not_json"
+    status = body.get("status") or body.get("code") if isinstance(body, dict) else None
+    return f"{response.status_code} {status}"
+
+
+@dataclass
+class Call:
+    """One logical call: its body, and every answer it got (`transport_error` when none)."""
+
+    session_id: str
+    step: int
+    tool: str
+    extra_args: dict[str, Any] = field(default_factory=dict)
+    answers: list[tuple[str, dict[str, Any] | None]] = field(default_factory=list)
+
+    @property
+    def call_id(self) -> str:
+        return f"{self.session_id}:{self.step}"
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "tool_name": self.tool,
+            "step_index": self.step,
+            "args": {"call": self.call_id, **self.extra_args},
+        }
+
+    @property
+    def last(self) -> str | None:
+        return self.answers[-1][0] if self.answers else None
+
+    @property
+    def settled(self) -> bool:
+        return self.last in SETTLED
+
+    def acknowledged(self) -> list[dict[str, Any]]:
+        """Every result answer this call's clients received (executed or replayed)."""
+        return [b for o, b in self.answers if o in ("200 executed", "200 replayed") and b]
+
+    def note(self, response: httpx.Response | None) -> str:
+        if response is None:
+            self.answers.append((TRANSPORT_ERROR, None))
+            return TRANSPORT_ERROR
+        said = outcome(response)
+        self.answers.append((said, response.json() if said.split()[1] != "not_json" else None))
+        return said
+
+
+@dataclass
+class Cluster:
+    """Proxy processes sharing one store and one org, in front of the counting upstream."""
+
+    store_url: str
+    upstream_url: str
+    config: Path
+    org_id: str
+    api_key: str
+    logs: Path
+    log: ExecutionLog
+    started: list[ProcessServer] = field(default_factory=list)
+
+    @property
+    def store(self) -> str:
+        return "sqlite" if self.store_url.startswith("sqlite") else "postgres"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"X-Api-Key": self.api_key}
+
+    def spawn(
+        self, *names: str, armed: dict[str, str] | None = None, **env: str
+    ) -> list[ProcessServer]:
+        """Start one proxy per name, at once; `armed` maps a name to its `UNDOLOG_CRASH_POINT`
+        (the others are not armed)."""
+        env = {"UNDOLOG_LEASE_SECONDS": str(LEASE_SECONDS), **env}
+
+        def start(name: str) -> ProcessServer:
+            crash = (armed or {}).get(name)
+            server = spawn_proxy(
+                self.store_url, self.upstream_url, self.config,
+                log_path=self.logs / f"proxy-{name}.log",
+                **env, **({"UNDOLOG_CRASH_POINT": crash} if crash else {}),
+            )  # fmt: skip
+            self.started.append(server)
+            return server
+
+        with ThreadPoolExecutor(len(names)) as pool:
+            return list(pool.map(start, names))
+
+    def register(self, server: ProcessServer, specs: dict[str, dict[str, Any]]) -> None:
+        with httpx.Client(base_url=server.url, headers=self.headers, timeout=DEADLINE) as c:
+            for name, spec in specs.items():
+                c.put(f"/tools/{name}", json=spec).raise_for_status()
+
+    def send(self, server: ProcessServer, call: Call, timeout: float = DEADLINE) -> str:
+        """One try of `call` on `server`; the outcome, also noted on the call."""
+        try:
+            response = httpx.post(
+                server.url + "/mcp/tool_call", json=call.body, headers=self.headers,
+                timeout=timeout,
+            )  # fmt: skip
+        except httpx.TransportError:
+            return call.note(None)
+        return call.note(response)
+
+    def settle(self, server: ProcessServer, call: Call, *, max_tries: int = 1000) -> str:
+        """Retry `call` on `server` until it has a final answer (or `max_tries` were spent)."""
+        deadline = time.monotonic() + DEADLINE
+        for _ in range(max_tries):
+            said = self.send(server, call)
+            if said in SETTLED:
+                return said
+            code = said.split()[-1]
+            if code not in TRANSIENT_CODES and said != TRANSPORT_ERROR:
+                return said  # a client error: final, and reported by the invariants
+            if time.monotonic() > deadline:
+                break
+            time.sleep(RETRY_PAUSE)
+        return said
+
+    def rollback(self, server: ProcessServer, session_id: str) -> str:
+        try:
+            response = httpx.post(
+                f"{server.url}/sessions/{session_id}/rollback", headers=self.headers,
+                timeout=DEADLINE,
+            )  # fmt: skip
+        except httpx.TransportError:
+            return TRANSPORT_ERROR
+        body = response.json()
+        return f"{response.status_code} {body.get('code') or body.get('outcome')}"
+
+    def settle_rollback(self, server: ProcessServer, session_id: str) -> str:
+        """Rerun a rollback until no live claim holds it; its final answer."""
+        answers: list[str] = []
+
+        def settled() -> bool:
+            answers.append(self.rollback(server, session_id))
+            return answers[-1] not in ("409 in_progress", TRANSPORT_ERROR)
+
+        wait_until(settled, timeout=DEADLINE, what="the rollback to settle")
+        return answers[-1]
+
+    def wait_crash(self, server: ProcessServer) -> int:
+        """Wait (with a deadline) for an armed proxy to hit its crash point; its exit code."""
+        assert server.proc is not None
+        proc = server.proc
+        wait_until(lambda: proc.poll() is not None, timeout=DEADLINE, what="the crash point")
+        assert proc.returncode == CRASH_EXIT_CODE, proc.returncode
+        return proc.returncode
+
+    # -- the invariants --------------------------------------------------------------------
+
+    def duplicates(self) -> int:
+        """Executions beyond the first of any logical call or key (the upstream's log)."""
+        return self.log.duplicates(TOOLS)
+
+    def lost(self, server: ProcessServer, calls: Iterable[Call]) -> list[str]:
+        """Acknowledged results that a replay does not return, or that the tool never made."""
+        problems: list[str] = []
+        produced = self.log.results()
+        for call in calls:
+            acked = call.acknowledged()
+            if not acked:
+                continue
+            probe = Call(call.session_id, call.step, call.tool, call.extra_args)
+            said = self.send(server, probe)
+            replay = probe.answers[-1][1] or {}
+            for body in acked:
+                if said != "200 replayed" or (body["effect_id"], body["result"]) != (
+                    replay.get("effect_id"),
+                    replay.get("result"),
+                ):
+                    problems.append(f"{call.call_id}: acknowledged {body}, replay {said} {replay}")
+                elif body["result"]["output"] not in produced.get(body["effect_id"], []):
+                    problems.append(f"{call.call_id}: {body} was never produced by the tool")
+        return problems
+
+    def stuck(self, within: float) -> int:
+        """Effects still `executing` (and undo entries still `running`) once `within` seconds
+        passed: the lease ran out and a sweeper, if any, had its chance. Polls the store."""
+        counts: list[int] = []
+
+        def none_left() -> bool:
+            counts.append(count_unsettled(self.store_url, self.org_id))
+            return counts[-1] == 0
+
+        try:
+            wait_until(none_left, timeout=within, what="no effect left executing")
+        except TimeoutError:
+            pass
+        return counts[-1]
+
+
+def count_unsettled(store_url: str, org_id: str) -> int:
+    """Effects `executing` plus undo entries `running` of the org, read from the store."""
+    effects = "SELECT count(*) FROM effects WHERE org_id = {p} AND state = 'executing'"
+    entries = "SELECT count(*) FROM undo_entries WHERE org_id = {p} AND state = 'running'"
+    if store_url.startswith("sqlite"):
+        path = store_url.split("sqlite:///", 1)[1]
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10) as db:
+            return sum(int(db.execute(q.format(p="?"), (org_id,)).fetchone()[0])
+                       for q in (effects, entries))  # fmt: skip
+
+    async def read() -> int:
+        conn = await asyncpg.connect(store_url.split("?", 1)[0], timeout=10)
+        try:
+            return sum([int(await conn.fetchval(q.format(p="$1"), org_id))
+                        for q in (effects, entries)])  # fmt: skip
+        finally:
+            await conn.close()
+
+    return asyncio.run(read())
+
+
+def new_session() -> str:
+    return str(uuid.uuid4())

@@ -1,0 +1,87 @@
+"""Crash points × both stores × seeds: a proxy dies at a named line, a clean one takes over.
+
+Each trial starts a proxy armed with `UNDOLOG_CRASH_POINT=<point>:<n>` (it exits like kill -9
+at the n-th time a call reaches the point) and a clean proxy on the same store. The seed picks
+the sessions, the tools (`write` runs on every request, `iwrite` honours the key and is declared
+`idempotent_upstream`), how many calls run at once and which of them dies. Every call is then
+retried on the clean proxy until it has a final answer (a result, or `effect_in_doubt`), and:
+
+- duplicates: no logical call and no key ran twice (the tool server's fsync'd log);
+- lost: every result a client received is what a replay returns, and the tool produced it;
+- stuck: nothing is left `executing` (or an undo entry `running`) once the lease ran out.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.faults.harness import (
+    LEASE_SECONDS,
+    SETTLED,
+    Call,
+    Cluster,
+    new_session,
+    tool_specs,
+)
+from tests.support.servers import ProcessServer
+
+pytestmark = pytest.mark.slow
+
+FORWARD_POINTS = ["after_intent", "during_upstream", "after_answer", "after_commit"]
+STUCK_WITHIN = LEASE_SECONDS + 3.0
+
+
+def plan_calls(rng: random.Random) -> list[list[Call]]:
+    """Sessions of one to two steps each (run in order within a session, sessions at once)."""
+    sessions = []
+    for _ in range(rng.randint(2, 4)):
+        session = new_session()
+        steps = rng.randint(1, 2)
+        sessions.append(
+            [Call(session, step, rng.choice(["write", "iwrite"])) for step in range(1, steps + 1)]
+        )
+    return sessions
+
+
+def run_sessions(cluster: Cluster, server: ProcessServer, sessions: list[list[Call]]) -> None:
+    """Each session's calls in order, one try each; all sessions at once."""
+
+    def run(calls: list[Call]) -> None:
+        for call in calls:
+            cluster.send(server, call)
+
+    with ThreadPoolExecutor(len(sessions)) as pool:
+        list(pool.map(run, sessions))
+
+
+@pytest.mark.parametrize("point", FORWARD_POINTS)
+def test_a_proxy_killed_at_a_crash_point_loses_nothing_and_runs_nothing_twice(
+    cluster: Cluster, point: str, seed: int, fault_report: Callable[..., str]
+) -> None:
+    rng = random.Random(f"{cluster.store}/{point}/{seed}")
+    sessions = plan_calls(rng)
+    calls = [call for session in sessions for call in session]
+    first_wave = len(sessions)  # the calls that certainly reach the point before it fires
+    hit = rng.randint(1, first_wave)
+    dying, clean = cluster.spawn("dying", "clean", armed={"dying": f"{point}:{hit}"})
+    cluster.register(clean, tool_specs())
+
+    run_sessions(cluster, dying, sessions)
+    cluster.wait_crash(dying)
+    for call in calls:  # the clean proxy serves every retry
+        cluster.settle(clean, call)
+
+    stuck = cluster.stuck(within=STUCK_WITHIN)
+    lost = cluster.lost(clean, calls)
+    duplicates = cluster.duplicates()
+    fault_report(store=cluster.store, point=point, trials=1, duplicates=duplicates,
+                 lost=len(lost), stuck=stuck)  # fmt: skip
+    assert [c.answers for c in calls if not c.settled] == []
+    assert duplicates == 0, cluster.log.lines()
+    assert lost == []
+    assert stuck == 0
+    assert all(c.last in SETTLED for c in calls)
