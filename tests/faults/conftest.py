@@ -20,7 +20,7 @@ from tests.faults.upstream import ExecutionLog, create_counting_app
 from tests.proxy.conftest import write_org_config
 from tests.support.servers import ThreadServer
 
-DEFAULT_SEEDS = 2
+DEFAULT_SEEDS = 1
 _LINES = pytest.StashKey[list[str]]()
 
 
@@ -72,13 +72,14 @@ def fault_report(
     return report
 
 
-@pytest.fixture
-def execution_log(tmp_path: Path) -> ExecutionLog:
-    return ExecutionLog(tmp_path / "executions.jsonl")
+@pytest.fixture(scope="session")
+def execution_log(tmp_path_factory: pytest.TempPathFactory) -> ExecutionLog:
+    return ExecutionLog(tmp_path_factory.mktemp("faults") / "executions.jsonl")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def counting_upstream(execution_log: ExecutionLog) -> Iterator[ThreadServer]:
+    """One counting tool server for the run; tests tell their calls apart by session id."""
     server = ThreadServer(create_counting_app(execution_log.path)).start()
     try:
         yield server
@@ -86,28 +87,72 @@ def counting_upstream(execution_log: ExecutionLog) -> Iterator[ThreadServer]:
         server.stop()
 
 
+def _make_cluster(
+    store_url: str, upstream: ThreadServer, log: ExecutionLog, directory: Path
+) -> Cluster:
+    org_id, key = f"org-{secrets.token_hex(6)}", "ul_test_" + secrets.token_urlsafe(18)
+    config = write_org_config(directory / f"{org_id}.toml", org_id, key)
+    return Cluster(store_url, upstream.url, config, org_id, key, directory, log)
+
+
+def _stop(clusters: list[Cluster]) -> None:
+    for cluster in clusters:
+        for server in cluster.started:
+            server.kill()
+
+
+@pytest.fixture(scope="session")
+def _clusters(
+    counting_upstream: ThreadServer,
+    execution_log: ExecutionLog,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Cluster]]:
+    """One cluster per store for the whole run, so its clean proxy starts once (a python
+    start-up costs seconds on a busy 2-core machine). Made on first use."""
+    made: dict[str, Cluster] = {}
+    yield made
+    _stop(list(made.values()))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def cluster(
+    request: pytest.FixtureRequest,
+    _clusters: dict[str, Cluster],
+    counting_upstream: ThreadServer,
+    execution_log: ExecutionLog,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Cluster]:
+    """The run's cluster on each store in turn; proxies a test spawns die with the test."""
+    store: str = request.param
+    if store not in _clusters:
+        directory = tmp_path_factory.mktemp(f"faults-{store}")
+        url = (
+            str(request.getfixturevalue("pg_url"))
+            if store == "postgres"
+            else f"sqlite:///{directory / 'undolog.db'}"
+        )
+        _clusters[store] = _make_cluster(url, counting_upstream, execution_log, directory)
+    cluster = _clusters[store]
+    clean = cluster.clean
+    yield cluster
+    for server in cluster.started:
+        if server is not clean:
+            server.kill()
+    cluster.started[:] = [clean]
+
+
 @pytest.fixture
 def cluster_on(
     counting_upstream: ThreadServer, execution_log: ExecutionLog, tmp_path: Path
 ) -> Iterator[Callable[[str], Cluster]]:
-    """Clusters on a given store URL, each with a fresh org; every proxy is stopped at the end."""
+    """Clusters of a test's own on a given store URL, fresh org; stopped at the end."""
     made: list[Cluster] = []
 
     def make(store_url: str) -> Cluster:
-        org_id, key = f"org-{secrets.token_hex(6)}", "ul_test_" + secrets.token_urlsafe(18)
-        config = write_org_config(tmp_path / f"{org_id}.toml", org_id, key)
-        made.append(Cluster(store_url, counting_upstream.url, config, org_id, key, tmp_path,
-                            execution_log))  # fmt: skip
+        made.append(_make_cluster(store_url, counting_upstream, execution_log, tmp_path))
         return made[-1]
 
     try:
         yield make
     finally:
-        for cluster in made:
-            for server in cluster.started:
-                server.kill()
-
-
-@pytest.fixture
-def cluster(store_url: str, cluster_on: Callable[[str], Cluster]) -> Cluster:
-    return cluster_on(store_url)
+        _stop(made)

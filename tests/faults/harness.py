@@ -10,6 +10,7 @@ execution log the tool server fsyncs, replays served by a clean proxy, and the s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
 import uuid
@@ -42,19 +43,20 @@ TRANSIENT_CODES = frozenset(
 TRANSPORT_ERROR = "transport_error"
 
 
-def tool_specs(compensation_kind: str = "idempotent") -> dict[str, dict[str, Any]]:
-    """The registry entries of the counting tools; `write`'s undo is `unwrite` (runs on every
-    request) or `iunwrite` (honours the key), as `compensation_kind` says."""
-    undo = "iunwrite" if compensation_kind == "idempotent" else "unwrite"
-    once = {"max_retries": 0, "retry_backoff_ms": 10}
-    return {
-        "write": {"tier": "compensable", "compensation": {"fn_name": undo, **once}},
-        "iwrite": {
-            "tier": "compensable",
-            "compensation": {"fn_name": "iunwrite", **once},
-            "idempotent_upstream": True,
-        },
-    }
+_ONCE = {"max_retries": 0, "retry_backoff_ms": 10}
+TOOL_SPECS: dict[str, dict[str, Any]] = {
+    # Not idempotent, and neither is its undo.
+    "write": {"tier": "compensable", "compensation": {"fn_name": "unwrite", **_ONCE}},
+    # Not idempotent; its undo honours the key (the entry id).
+    "kwrite": {"tier": "compensable", "compensation": {"fn_name": "iunwrite", **_ONCE}},
+    # Honours the key and says so: a lost run may be re-run under the same key.
+    "iwrite": {
+        "tier": "compensable",
+        "compensation": {"fn_name": "iunwrite", **_ONCE},
+        "idempotent_upstream": True,
+    },
+}
+"""The registry entries of the counting tools (see `tests.faults.upstream`)."""
 
 
 def outcome(response: httpx.Response) -> str:
@@ -122,6 +124,15 @@ class Cluster:
     logs: Path
     log: ExecutionLog
     started: list[ProcessServer] = field(default_factory=list)
+    _clean: ProcessServer | None = None
+
+    @property
+    def clean(self) -> ProcessServer:
+        """The cluster's unarmed proxy, started (and the tools registered) on first use."""
+        if self._clean is None or self._clean.proc is None or self._clean.proc.poll() is not None:
+            [self._clean] = self.spawn("clean")
+            self.register(self._clean, TOOL_SPECS)
+        return self._clean
 
     @property
     def store(self) -> str:
@@ -214,9 +225,9 @@ class Cluster:
 
     # -- the invariants --------------------------------------------------------------------
 
-    def duplicates(self) -> int:
-        """Executions beyond the first of any logical call or key (the upstream's log)."""
-        return self.log.duplicates(TOOLS)
+    def duplicates(self, sessions: Iterable[str]) -> int:
+        """Executions beyond the first of any logical call or key of these sessions."""
+        return self.log.duplicates(TOOLS, sessions=set(sessions))
 
     def lost(self, server: ProcessServer, calls: Iterable[Call]) -> list[str]:
         """Acknowledged results that a replay does not return, or that the tool never made."""
@@ -239,41 +250,44 @@ class Cluster:
                     problems.append(f"{call.call_id}: {body} was never produced by the tool")
         return problems
 
-    def stuck(self, within: float) -> int:
-        """Effects still `executing` (and undo entries still `running`) once `within` seconds
-        passed: the lease ran out and a sweeper, if any, had its chance. Polls the store."""
+    def stuck(self, sessions: Iterable[str], within: float) -> int:
+        """Effects of `sessions` still `executing` (and undo entries still `running`) once
+        `within` seconds passed: the lease ran out and a sweeper, if any, had its chance."""
         counts: list[int] = []
+        wanted = sorted(set(sessions))
 
         def none_left() -> bool:
-            counts.append(count_unsettled(self.store_url, self.org_id))
+            counts.append(count_unsettled(self.store_url, self.org_id, wanted))
             return counts[-1] == 0
 
-        try:
+        with contextlib.suppress(TimeoutError):
             wait_until(none_left, timeout=within, what="no effect left executing")
-        except TimeoutError:
-            pass
         return counts[-1]
 
 
-def count_unsettled(store_url: str, org_id: str) -> int:
-    """Effects `executing` plus undo entries `running` of the org, read from the store."""
-    effects = "SELECT count(*) FROM effects WHERE org_id = {p} AND state = 'executing'"
-    entries = "SELECT count(*) FROM undo_entries WHERE org_id = {p} AND state = 'running'"
+def count_unsettled(store_url: str, org_id: str, sessions: list[str]) -> int:
+    """Effects `executing` plus undo entries `running` of these sessions, read from the store."""
+    queries = [
+        f"SELECT session_id FROM {table} WHERE org_id = {{p}} AND state = '{state}'"
+        for table, state in (("effects", "executing"), ("undo_entries", "running"))
+    ]
+    found: list[str] = []
     if store_url.startswith("sqlite"):
         path = store_url.split("sqlite:///", 1)[1]
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10) as db:
-            return sum(int(db.execute(q.format(p="?"), (org_id,)).fetchone()[0])
-                       for q in (effects, entries))  # fmt: skip
+            for q in queries:
+                found += [row[0] for row in db.execute(q.format(p="?"), (org_id,))]
+    else:
 
-    async def read() -> int:
-        conn = await asyncpg.connect(store_url.split("?", 1)[0], timeout=10)
-        try:
-            return sum([int(await conn.fetchval(q.format(p="$1"), org_id))
-                        for q in (effects, entries)])  # fmt: skip
-        finally:
-            await conn.close()
+        async def read() -> list[str]:
+            conn = await asyncpg.connect(store_url.split("?", 1)[0], timeout=10)
+            try:
+                return [r[0] for q in queries for r in await conn.fetch(q.format(p="$1"), org_id)]
+            finally:
+                await conn.close()
 
-    return asyncio.run(read())
+        found = asyncio.run(read())
+    return sum(1 for session in found if session in sessions)
 
 
 def new_session() -> str:

@@ -1,4 +1,4 @@
-"""Crash points × both stores × seeds: a proxy dies at a named line, a clean one takes over.
+"""Crash points x both stores x seeds: a proxy dies at a named line, a clean one takes over.
 
 Each trial starts a proxy armed with `UNDOLOG_CRASH_POINT=<point>:<n>` (it exits like kill -9
 at the n-th time a call reaches the point) and a clean proxy on the same store. The seed picks
@@ -25,13 +25,13 @@ from tests.faults.harness import (
     Call,
     Cluster,
     new_session,
-    tool_specs,
 )
 from tests.support.servers import ProcessServer
 
 pytestmark = pytest.mark.slow
 
 FORWARD_POINTS = ["after_intent", "during_upstream", "after_answer", "after_commit"]
+TOOLS = ["write", "kwrite", "iwrite"]
 STUCK_WITHIN = LEASE_SECONDS + 3.0
 
 
@@ -40,10 +40,8 @@ def plan_calls(rng: random.Random) -> list[list[Call]]:
     sessions = []
     for _ in range(rng.randint(2, 4)):
         session = new_session()
-        steps = rng.randint(1, 2)
-        sessions.append(
-            [Call(session, step, rng.choice(["write", "iwrite"])) for step in range(1, steps + 1)]
-        )
+        steps = range(1, rng.randint(1, 2) + 1)
+        sessions.append([Call(session, step, rng.choice(TOOLS)) for step in steps])
     return sessions
 
 
@@ -67,17 +65,18 @@ def test_a_proxy_killed_at_a_crash_point_loses_nothing_and_runs_nothing_twice(
     calls = [call for session in sessions for call in session]
     first_wave = len(sessions)  # the calls that certainly reach the point before it fires
     hit = rng.randint(1, first_wave)
-    dying, clean = cluster.spawn("dying", "clean", armed={"dying": f"{point}:{hit}"})
-    cluster.register(clean, tool_specs())
+    clean = cluster.clean
+    [dying] = cluster.spawn("dying", armed={"dying": f"{point}:{hit}"})
 
     run_sessions(cluster, dying, sessions)
     cluster.wait_crash(dying)
     for call in calls:  # the clean proxy serves every retry
         cluster.settle(clean, call)
 
-    stuck = cluster.stuck(within=STUCK_WITHIN)
+    session_ids = [session[0].session_id for session in sessions]
+    stuck = cluster.stuck(session_ids, within=STUCK_WITHIN)
     lost = cluster.lost(clean, calls)
-    duplicates = cluster.duplicates()
+    duplicates = cluster.duplicates(session_ids)
     fault_report(store=cluster.store, point=point, trials=1, duplicates=duplicates,
                  lost=len(lost), stuck=stuck)  # fmt: skip
     assert [c.answers for c in calls if not c.settled] == []

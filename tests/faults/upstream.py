@@ -8,7 +8,8 @@ fsyncs it before the answer is sent: a line exists for every execution a client 
 Tools (all take `{"call": "<logical call id>", "seconds": <optional delay>}`; a compensation
 takes its forward call's id from `original_args` and counts as the logical call `undo:<id>`):
 
-- `write`: not idempotent. Every request is a new execution (and a new result).
+- `write` (and `kwrite`, the same tool under a second name, with another undo): not
+  idempotent. Every request is a new execution (and a new result).
 - `iwrite`: honours the `Idempotency-Key`: a repeated key gets the first result back (waiting
   for it while it still runs) and is not an execution. Registered `idempotent_upstream`.
 - `unwrite` / `iunwrite`: the compensations of either, with the same two behaviours.
@@ -35,7 +36,7 @@ from starlette.routing import Route
 __all__ = ["IDEMPOTENT", "TOOLS", "ExecutionLog", "create_counting_app"]
 
 IDEMPOTENT = frozenset({"iwrite", "iunwrite"})
-TOOLS = frozenset({"write", "unwrite"}) | IDEMPOTENT
+TOOLS = frozenset({"write", "kwrite", "unwrite"}) | IDEMPOTENT
 
 _JSON = "application/json"
 
@@ -60,9 +61,11 @@ class ExecutionLog:
         """How many times each logical call (the `call` argument) really ran."""
         return Counter(e["call"] for e in self.lines() if tools is None or e["tool"] in tools)
 
-    def duplicates(self, tools: frozenset[str]) -> int:
-        """Executions beyond the first, per key and per logical call, of `tools`."""
-        lines = [e for e in self.lines() if e["tool"] in tools]
+    def duplicates(self, tools: frozenset[str], sessions: set[str] | None = None) -> int:
+        """Executions beyond the first, per key and per logical call, of `tools` (in
+        `sessions`, or all)."""
+        lines = [e for e in self.lines() if e["tool"] in tools
+                 and (sessions is None or e["session_id"] in sessions)]  # fmt: skip
         by_key = Counter(e["key"] for e in lines)
         by_call = Counter(e["call"] for e in lines)
         return max(sum(n - 1 for n in by_key.values()), sum(n - 1 for n in by_call.values()))
