@@ -215,6 +215,15 @@ class Cluster:
         wait_until(settled, timeout=DEADLINE, what="the rollback to settle")
         return answers[-1]
 
+    def view(self, server: ProcessServer, session_id: str) -> dict[str, Any]:
+        """`GET /sessions/{id}`: the session, its effects and its undo stack."""
+        response = httpx.get(
+            f"{server.url}/sessions/{session_id}", headers=self.headers, timeout=DEADLINE
+        )
+        response.raise_for_status()
+        data: dict[str, Any] = response.json()
+        return data
+
     def wait_crash(self, server: ProcessServer) -> int:
         """Wait (with a deadline) for an armed proxy to hit its crash point; its exit code."""
         assert server.proc is not None

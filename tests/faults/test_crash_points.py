@@ -84,3 +84,76 @@ def test_a_proxy_killed_at_a_crash_point_loses_nothing_and_runs_nothing_twice(
     assert lost == []
     assert stuck == 0
     assert all(c.last in SETTLED for c in calls)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "idempotent",
+        pytest.param(
+            "non_idempotent",
+            marks=pytest.mark.xfail(
+                strict=False,
+                reason="issue 11 point 6: a lost compensation run is re-run even when the "
+                "compensation is not idempotent (at-least-once today)",
+            ),
+        ),
+    ],
+)
+def test_a_proxy_killed_mid_rollback_runs_no_compensation_twice(
+    cluster: Cluster, kind: str, seed: int, fault_report: Callable[..., str]
+) -> None:
+    # `kwrite`/`iwrite` are undone by `iunwrite` (honours the entry id), `write` by `unwrite`.
+    rng = random.Random(f"{cluster.store}/mid_rollback/{kind}/{seed}")
+    tools = ["kwrite", "iwrite"] if kind == "idempotent" else ["write"]
+    clean = cluster.clean
+    sessions = []
+    for _ in range(rng.randint(2, 3)):
+        session = new_session()
+        calls = [Call(session, s, rng.choice(tools)) for s in range(1, rng.randint(1, 3) + 1)]
+        for call in calls:
+            assert cluster.settle(clean, call) == "200 executed", call.answers
+        sessions.append(session)
+    hit = rng.randint(1, len(sessions))  # each rollback reaches the point at least once
+    [dying] = cluster.spawn("dying", armed={"dying": f"mid_rollback:{hit}"})
+
+    with ThreadPoolExecutor(len(sessions)) as pool:
+        first = list(pool.map(lambda s: cluster.rollback(dying, s), sessions))
+    cluster.wait_crash(dying)
+    final = [cluster.settle_rollback(clean, session) for session in sessions]
+
+    views = [cluster.view(clean, session) for session in sessions]
+    lost = sum(
+        1
+        for answer, view in zip(first + final, views + views, strict=True)
+        if answer == "200 compensated" and view["state"] != "compensated"
+    )
+    stuck = cluster.stuck(sessions, within=STUCK_WITHIN)
+    duplicates = cluster.duplicates(sessions)
+    fault_report(store=cluster.store, point=f"mid_rollback/{kind}", trials=1,
+                 duplicates=duplicates, lost=lost, stuck=stuck)  # fmt: skip
+    assert duplicates == 0, [e for e in cluster.log.lines() if e["session_id"] in sessions]
+    assert lost == 0
+    assert stuck == 0
+    assert all(answer.split()[0] in ("200", "409", "502") for answer in final), final
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="issue 11 point 7: no sweeper yet; an orphan stays `executing` until a retry",
+)
+def test_an_orphaned_call_nobody_retries_is_moved_out_of_executing_by_the_sweeper(
+    cluster: Cluster, fault_report: Callable[..., str]
+) -> None:
+    # The call's proxy dies after the intent; nobody ever retries it.
+    cluster.clean  # noqa: B018 - the tools are registered, a live proxy runs the sweeper
+    [dying] = cluster.spawn("dying", armed={"dying": "after_intent"})
+    call = Call(new_session(), 1, "write")
+    assert cluster.send(dying, call) == "transport_error"
+    cluster.wait_crash(dying)
+
+    stuck = cluster.stuck([call.session_id], within=2 * LEASE_SECONDS + 3.0)
+    fault_report(store=cluster.store, point="orphan", trials=1, duplicates=0, lost=0,
+                 stuck=stuck)  # fmt: skip
+    assert stuck == 0
+    assert cluster.view(cluster.clean, call.session_id)["effects"][0]["state"] == "in_doubt"
