@@ -215,6 +215,20 @@ class Cluster:
         wait_until(settled, timeout=DEADLINE, what="the rollback to settle")
         return answers[-1]
 
+    def upstream_inflight(self) -> int:
+        answer = httpx.get(self.upstream_url + "/inflight", timeout=DEADLINE).json()
+        return int(answer["inflight"])
+
+    def wait_upstream_busy(self) -> None:
+        """Wait until the tool server serves a request (the tool started running)."""
+        wait_until(lambda: self.upstream_inflight() > 0, timeout=DEADLINE, what="a tool run")
+
+    def wait_upstream_idle(self) -> None:
+        """Wait until the tool server serves no request (a tool may outlive its caller)."""
+        wait_until(
+            lambda: self.upstream_inflight() == 0, timeout=DEADLINE, what="every tool run to end"
+        )
+
     def view(self, server: ProcessServer, session_id: str) -> dict[str, Any]:
         """`GET /sessions/{id}`: the session, its effects and its undo stack."""
         response = httpx.get(

@@ -15,6 +15,8 @@ takes its forward call's id from `original_args` and counts as the logical call 
 - `unwrite` / `iunwrite`: the compensations of either, with the same two behaviours.
 
 `seconds` delays the tool before it acts: the long-running call is the behaviour under test.
+`GET /inflight` says how many requests are being served, so a test can wait for a tool that
+still runs after its caller gave up before it counts executions.
 """
 
 from __future__ import annotations
@@ -135,7 +137,19 @@ def create_counting_app(path: Path) -> Starlette:
         future.set_result(result)
         return result
 
+    inflight = [0]
+
+    async def count_inflight(request: Request) -> Response:
+        return Response(orjson.dumps({"inflight": inflight[0]}), media_type=_JSON)
+
     async def call_tool(request: Request) -> Response:
+        inflight[0] += 1
+        try:
+            return await _call_tool(request)
+        finally:
+            inflight[0] -= 1
+
+    async def _call_tool(request: Request) -> Response:
         tool = request.path_params["name"]
         if tool not in TOOLS:
             body = {"success": False, "output": None, "error": f"unknown tool '{tool}'"}
@@ -148,4 +162,9 @@ def create_counting_app(path: Path) -> Starlette:
         body = {"success": True, "output": result, "error": None}
         return Response(orjson.dumps(body), media_type=_JSON)
 
-    return Starlette(routes=[Route("/tools/{name}", call_tool, methods=["POST"])])
+    return Starlette(
+        routes=[
+            Route("/tools/{name}", call_tool, methods=["POST"]),
+            Route("/inflight", count_inflight),
+        ]
+    )
