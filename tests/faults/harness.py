@@ -167,13 +167,16 @@ class Cluster:
             for name, spec in specs.items():
                 c.put(f"/tools/{name}", json=spec).raise_for_status()
 
-    def send(self, server: ProcessServer, call: Call, timeout: float = DEADLINE) -> str:
+    def send(self, server: ProcessServer, call: Call, client: httpx.Client | None = None) -> str:
         """One try of `call` on `server`; the outcome, also noted on the call."""
         try:
-            response = httpx.post(
-                server.url + "/mcp/tool_call", json=call.body, headers=self.headers,
-                timeout=timeout,
-            )  # fmt: skip
+            if client is not None:
+                response = client.post(server.url + "/mcp/tool_call", json=call.body)
+            else:
+                response = httpx.post(
+                    server.url + "/mcp/tool_call", json=call.body, headers=self.headers,
+                    timeout=DEADLINE,
+                )  # fmt: skip
         except httpx.TransportError:
             return call.note(None)
         return call.note(response)
@@ -256,12 +259,13 @@ class Cluster:
         """Acknowledged results that a replay does not return, or that the tool never made."""
         problems: list[str] = []
         produced = self.log.results()
+        client = httpx.Client(headers=self.headers, timeout=DEADLINE)
         for call in calls:
             acked = call.acknowledged()
             if not acked:
                 continue
             probe = Call(call.session_id, call.step, call.tool, call.extra_args)
-            said = self.send(server, probe)
+            said = self.send(server, probe, client)
             replay = probe.answers[-1][1] or {}
             for body in acked:
                 if said != "200 replayed" or (body["effect_id"], body["result"]) != (
@@ -271,6 +275,7 @@ class Cluster:
                     problems.append(f"{call.call_id}: acknowledged {body}, replay {said} {replay}")
                 elif body["result"]["output"] not in produced.get(body["effect_id"], []):
                     problems.append(f"{call.call_id}: {body} was never produced by the tool")
+        client.close()
         return problems
 
     def stuck(self, sessions: Iterable[str], within: float) -> int:

@@ -20,8 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.faults.harness import (
+    IN_DOUBT,
     LEASE_SECONDS,
     SETTLED,
+    TRANSPORT_ERROR,
     Call,
     Cluster,
     new_session,
@@ -84,6 +86,9 @@ def test_a_proxy_killed_at_a_crash_point_loses_nothing_and_runs_nothing_twice(
     assert lost == []
     assert stuck == 0
     assert all(c.last in SETTLED for c in calls)
+    assert any(said == TRANSPORT_ERROR for c in calls for said, _ in c.answers)  # one died
+    # A tool that honours the key is re-run under it, never left in doubt.
+    assert [c.call_id for c in calls if c.tool == "iwrite" and c.last == IN_DOUBT] == []
 
 
 @pytest.mark.parametrize(
