@@ -24,12 +24,13 @@ import asyncpg
 import httpx
 
 from tests.faults.upstream import TOOLS, ExecutionLog
-from tests.proxy.conftest import spawn_proxy
-from tests.support.servers import ProcessServer, wait_until
+from tests.support.servers import ProcessServer, free_port, undolog_command, wait_until
 from undolog.faults import CRASH_EXIT_CODE
 
 LEASE_SECONDS = 2
 DEADLINE = 60.0
+START_TIMEOUT = 90.0
+"""A proxy's start-up: seconds on a quiet machine, far more on a busy 2-core one."""
 RETRY_PAUSE = 0.05
 """The client's pause between two tries of a call that was not settled: its retry policy."""
 
@@ -151,13 +152,23 @@ class Cluster:
 
         def start(name: str) -> ProcessServer:
             crash = (armed or {}).get(name)
-            server = spawn_proxy(
-                self.store_url, self.upstream_url, self.config,
-                log_path=self.logs / f"proxy-{name}.log",
-                **env, **({"UNDOLOG_CRASH_POINT": crash} if crash else {}),
-            )  # fmt: skip
-            self.started.append(server)
-            return server
+            port = free_port()
+            server = ProcessServer(
+                undolog_command("serve"),
+                env={
+                    "UNDOLOG_DATABASE_URL": self.store_url,
+                    "UNDOLOG_UPSTREAM_URL": self.upstream_url,
+                    "UNDOLOG_CONFIG": str(self.config),
+                    "UNDOLOG_PORT": str(port),
+                    "UNDOLOG_LOG_LEVEL": "warning",
+                    **env,
+                    **({"UNDOLOG_CRASH_POINT": crash} if crash else {}),
+                },
+                port=port,
+                log_path=str(self.logs / f"proxy-{name}.log"),
+            )
+            self.started.append(server)  # at once: stopped at the end even if start fails
+            return server.start(timeout=START_TIMEOUT)
 
         with ThreadPoolExecutor(len(names)) as pool:
             return list(pool.map(start, names))
