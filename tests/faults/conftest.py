@@ -133,12 +133,13 @@ def cluster(
         )
         _clusters[store] = _make_cluster(url, counting_upstream, execution_log, directory)
     cluster = _clusters[store]
-    clean = cluster.clean
+    cluster.clean  # noqa: B018 - started (or restarted) before the test begins
     yield cluster
+    clean = cluster.clean_or_none
     for server in cluster.started:
         if server is not clean:
             server.kill()
-    cluster.started[:] = [clean]
+    cluster.started[:] = [clean] if clean else []
 
 
 @pytest.fixture

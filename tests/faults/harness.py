@@ -173,6 +173,18 @@ class Cluster:
         with ThreadPoolExecutor(len(names)) as pool:
             return list(pool.map(start, names))
 
+    @property
+    def clean_or_none(self) -> ProcessServer | None:
+        return self._clean
+
+    def restart_clean(self) -> ProcessServer:
+        """Replace the clean proxy by a fresh process (a start-up after the crash)."""
+        if self._clean is not None:
+            self._clean.stop()
+            self.started.remove(self._clean)
+            self._clean = None
+        return self.clean
+
     def register(self, server: ProcessServer, specs: dict[str, dict[str, Any]]) -> None:
         with httpx.Client(base_url=server.url, headers=self.headers, timeout=DEADLINE) as c:
             for name, spec in specs.items():

@@ -4,7 +4,8 @@ Each trial starts a proxy armed with `UNDOLOG_CRASH_POINT=<point>:<n>` (it exits
 at the n-th time a call reaches the point) and a clean proxy on the same store. The seed picks
 the sessions, the tools (`write` runs on every request, `iwrite` honours the key and is declared
 `idempotent_upstream`), how many calls run at once and which of them dies. Every call is then
-retried on the clean proxy until it has a final answer (a result, or `effect_in_doubt`), and:
+retried on a clean proxy until it has a final answer (a result, or `effect_in_doubt`) — one
+that ran all along, or (as the seed says) one started after the crash — and:
 
 - duplicates: no logical call and no key ran twice (the tool server's fsync'd log);
 - lost: every result a client received is what a replay returns, and the tool produced it;
@@ -67,11 +68,14 @@ def test_a_proxy_killed_at_a_crash_point_loses_nothing_and_runs_nothing_twice(
     calls = [call for session in sessions for call in session]
     first_wave = len(sessions)  # the calls that certainly reach the point before it fires
     hit = rng.randint(1, first_wave)
+    restart = rng.random() < 0.5  # the survivor is a process started after the crash
     clean = cluster.clean
     [dying] = cluster.spawn("dying", armed={"dying": f"{point}:{hit}"})
 
     run_sessions(cluster, dying, sessions)
     cluster.wait_crash(dying)
+    if restart:
+        clean = cluster.restart_clean()
     for call in calls:  # the clean proxy serves every retry
         cluster.settle(clean, call)
 
@@ -125,6 +129,8 @@ def test_a_proxy_killed_mid_rollback_runs_no_compensation_twice(
     with ThreadPoolExecutor(len(sessions)) as pool:
         first = list(pool.map(lambda s: cluster.rollback(dying, s), sessions))
     cluster.wait_crash(dying)
+    if rng.random() < 0.5:  # the survivor is a process started after the crash
+        clean = cluster.restart_clean()
     final = [cluster.settle_rollback(clean, session) for session in sessions]
 
     views = [cluster.view(clean, session) for session in sessions]

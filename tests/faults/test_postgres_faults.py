@@ -5,20 +5,24 @@ client retrying until it has a final answer: the tool runs exactly once and ever
 got a result got the same one. The outage: 16 clients call in a loop through a TCP forwarder
 placed between the proxy and PostgreSQL; the forwarder drops every connection and refuses new
 ones until the clients have felt it, then forwards again: no call runs twice, no result a
-client received is lost, nothing stays `executing`.
+client received is lost, nothing stays `executing`. And a database that refuses writes must
+still serve the replays of committed calls (nothing a replay needs is a write).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 import httpx
 import pytest
 
+from tests.conftest import _pg_admin_url
 from tests.faults.harness import (
     DEADLINE,
     LEASE_SECONDS,
@@ -39,6 +43,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 STORM = 64
 CLIENTS = 16
 CALLS_PER_CLIENT = 4
+READ_ONLY_CALLS = 4
+READ_ONLY_TRIES = 10
+"""How often a client asks for each replay while the database refuses writes."""
 
 
 async def settle(
@@ -188,3 +195,55 @@ def test_a_database_outage_under_16_clients_loses_nothing_and_runs_nothing_twice
     assert duplicates == 0, cluster.log.lines()
     assert lost == []
     assert stuck == 0
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="issue 11 point 8: a replay records an `effect_replayed` event, so it fails while "
+    "the database refuses writes",
+)
+def test_replays_are_served_while_the_database_refuses_writes(
+    pg_url: str, cluster_on: Callable[[str], Cluster], fault_report: Callable[..., str]
+) -> None:
+    # Only this cluster's connections carry the application name: they are the ones reset.
+    app_name = "undolog-readonly-" + secrets.token_hex(4)
+    cluster = cluster_on(f"{pg_url}?application_name={app_name}")
+    server = cluster.clean
+    calls = [Call(new_session(), 1, "write") for _ in range(READ_ONLY_CALLS)]
+    for call in calls:
+        assert cluster.settle(server, call) == "200 executed", call.answers
+    database = pg_url.rsplit("/", 1)[1]
+
+    async def read_only(on: bool) -> None:
+        admin = await asyncpg.connect(_pg_admin_url(), timeout=10)
+        try:
+            setting = "SET default_transaction_read_only = on" if on else "RESET ALL"
+            await admin.execute(f'ALTER DATABASE "{database}" {setting}')
+            await admin.execute(  # new connections take the setting
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = $1",
+                app_name,
+            )
+        finally:
+            await admin.close()
+
+    asyncio.run(read_only(True))
+    try:
+        probes = [Call(c.session_id, c.step, c.tool) for c in calls]
+        for probe in probes:
+            cluster.settle(server, probe, max_tries=READ_ONLY_TRIES)
+    finally:
+        asyncio.run(read_only(False))
+
+    lost = []
+    for call, probe in zip(calls, probes, strict=True):
+        executed = call.answers[-1][1] or {}
+        if probe.last != "200 replayed" or probe.answers[-1][1] != {
+            **executed,
+            "status": "replayed",
+        }:
+            lost.append(probe.answers)
+    fault_report(store="postgres", point="read_only_replay", trials=len(calls),
+                 duplicates=cluster.duplicates([c.session_id for c in calls]), lost=len(lost),
+                 stuck=0)  # fmt: skip
+    assert lost == []
