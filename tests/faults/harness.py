@@ -45,19 +45,21 @@ TRANSPORT_ERROR = "transport_error"
 
 
 _ONCE = {"max_retries": 0, "retry_backoff_ms": 10}
+_KEYED_UNDO = {"fn_name": "iunwrite", "idempotent": True, **_ONCE}
 TOOL_SPECS: dict[str, dict[str, Any]] = {
     # Not idempotent, and neither is its undo.
     "write": {"tier": "compensable", "compensation": {"fn_name": "unwrite", **_ONCE}},
-    # Not idempotent; its undo honours the key (the entry id).
-    "kwrite": {"tier": "compensable", "compensation": {"fn_name": "iunwrite", **_ONCE}},
+    # Not idempotent; its undo honours the key (the entry id) and says so.
+    "kwrite": {"tier": "compensable", "compensation": _KEYED_UNDO},
     # Honours the key and says so: a lost run may be re-run under the same key.
     "iwrite": {
         "tier": "compensable",
-        "compensation": {"fn_name": "iunwrite", **_ONCE},
+        "compensation": _KEYED_UNDO,
         "idempotent_upstream": True,
     },
 }
-"""The registry entries of the counting tools (see `tests.faults.upstream`)."""
+"""The registry entries of the counting tools (see `tests.faults.upstream`). A compensation's
+`idempotent` flag (issue 11 point 6) is dropped where the proxy does not know it yet."""
 
 
 def outcome(response: httpx.Response) -> str:
@@ -188,7 +190,11 @@ class Cluster:
     def register(self, server: ProcessServer, specs: dict[str, dict[str, Any]]) -> None:
         with httpx.Client(base_url=server.url, headers=self.headers, timeout=DEADLINE) as c:
             for name, spec in specs.items():
-                c.put(f"/tools/{name}", json=spec).raise_for_status()
+                response = c.put(f"/tools/{name}", json=spec)
+                if response.status_code == 400 and "idempotent" in response.text:
+                    undo = {k: v for k, v in spec["compensation"].items() if k != "idempotent"}
+                    response = c.put(f"/tools/{name}", json={**spec, "compensation": undo})
+                response.raise_for_status()
 
     def send(self, server: ProcessServer, call: Call, client: httpx.Client | None = None) -> str:
         """One try of `call` on `server`; the outcome, also noted on the call."""
@@ -204,11 +210,18 @@ class Cluster:
             return call.note(None)
         return call.note(response)
 
-    def settle(self, server: ProcessServer, call: Call, *, max_tries: int = 1000) -> str:
+    def settle(
+        self,
+        server: ProcessServer,
+        call: Call,
+        *,
+        max_tries: int = 1000,
+        client: httpx.Client | None = None,
+    ) -> str:
         """Retry `call` on `server` until it has a final answer (or `max_tries` were spent)."""
         deadline = time.monotonic() + DEADLINE
         for _ in range(max_tries):
-            said = self.send(server, call)
+            said = self.send(server, call, client)
             if said in SETTLED:
                 return said
             code = said.split()[-1]
@@ -288,7 +301,7 @@ class Cluster:
             if not acked:
                 continue
             probe = Call(call.session_id, call.step, call.tool, call.extra_args)
-            said = self.send(server, probe, client)
+            said = self.settle(server, probe, client=client)  # a held result may still commit
             replay = probe.answers[-1][1] or {}
             for body in acked:
                 if said != "200 replayed" or (body["effect_id"], body["result"]) != (
