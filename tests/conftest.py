@@ -90,3 +90,12 @@ async def store(store_url: str) -> AsyncIterator[Store]:
 @pytest.fixture
 def org_id() -> str:
     return f"org-{uuid.uuid4().hex[:12]}"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--faults-seeds",
+        type=int,
+        default=None,
+        help="how many seeds each seeded test of tests/faults runs (default: a few, for CI)",
+    )

@@ -348,9 +348,7 @@ class Saga:
             entry.org_id, entry.session_id, now, state=SessionState.COMPENSATION_FAILED
         )
 
-    async def give_up(
-        self, org_id: str, entry_id: str, error: str, claim_token: str
-    ) -> NoReturn:
+    async def give_up(self, org_id: str, entry_id: str, error: str, claim_token: str) -> NoReturn:
         """The claimed compensation's outcome is unknown (a timeout, a lost connection) and
         it is not idempotent: it needs an operator. Raises `CompensationFailed`."""
         now = self._clock()

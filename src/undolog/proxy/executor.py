@@ -20,6 +20,7 @@ import orjson
 import structlog
 import yarl
 
+from undolog.faults import crash_point
 from undolog.upstreams import UpstreamRegistry, signed_headers, tool_url
 
 __all__ = [
@@ -157,6 +158,7 @@ class ToolExecutor:
                 headers=headers,
                 allow_redirects=False,
             ) as response:
+                crash_point("during_upstream")
                 raw = await response.read()
                 status = response.status
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):

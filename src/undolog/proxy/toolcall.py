@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from undolog.engine import Decision, Outcome
 from undolog.engine.states import REPLAYABLE_STATES
+from undolog.faults import crash_point
 from undolog.proxy.delivery import AnswerWatch, WatchedResponse
 from undolog.proxy.executor import ToolTransportError, ToolUnreachable
 from undolog.proxy.inputs import storable
@@ -262,6 +263,7 @@ async def _run_and_settle(
     effect_id = decision.effect_id
     log = log.bind(effect_id=effect_id, tool_name=decision.tool.name)
     started = time.perf_counter()
+    crash_point("after_intent")
     try:
         result = await runtime.executor.call(
             decision.tool.name,
@@ -293,6 +295,7 @@ async def _run_and_settle(
         time.perf_counter() - started
     )
     result_json = result.to_json()
+    crash_point("after_answer")
     if not decision.logged:
         return Execution(result_json, None)
     try:
@@ -310,6 +313,7 @@ async def _run_and_settle(
             return Execution(recorded, None, replayed=True)
         log.error("commit_failed", error=exc.message)
         return Execution(None, CommitFailed(exc.message))
+    crash_point("after_commit")
     return Execution(result_json, None)
 
 

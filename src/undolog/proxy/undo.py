@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from undolog.engine.saga import Claim, RollbackStatus
+from undolog.faults import crash_point
 from undolog.proxy.executor import ToolResult, ToolTransportError, ToolUnreachable
 from undolog.proxy.inputs import scrubbed, storable
 from undolog.proxy.wire import error_body, error_response, json_response, undo_entry_json
@@ -117,6 +118,7 @@ async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | N
                     )
                 except CompensationFailed:
                     return error
+        crash_point("mid_rollback")
         if error is None:
             await runtime.saga.complete(entry.org_id, entry.entry_id, claim.token)
             return None

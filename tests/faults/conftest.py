@@ -1,0 +1,159 @@
+"""Fixtures of the fault suite: the counting upstream, clusters of proxies, seeds, the report.
+
+`--faults-seeds N` (declared in tests/conftest.py) sets how many seeds each seeded test runs;
+the default is small so that CI runs the bounded suite in a few minutes. Each test reports
+one line, "faults: store=S point=P trials=N duplicates=D lost=L stuck=K": it is printed in
+the terminal summary (no `-s` needed), written to `faults-summary.txt` under pytest's base
+temporary directory, and attached to the test as a JUnit property.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.faults.harness import Cluster
+from tests.faults.upstream import ExecutionLog, create_counting_app
+from tests.proxy.conftest import write_org_config
+from tests.support.servers import ThreadServer
+
+DEFAULT_SEEDS = 1
+_LINES = pytest.StashKey[list[str]]()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "seed" in metafunc.fixturenames:
+        seeds = metafunc.config.getoption("faults_seeds", None) or DEFAULT_SEEDS
+        metafunc.parametrize("seed", range(int(seeds)), ids=lambda s: f"seed{s}")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    lines = terminalreporter.config.stash.get(_LINES, [])
+    if not lines:
+        return
+    terminalreporter.section("fault suite")
+    for line in lines:
+        terminalreporter.write_line(line)
+    totals: dict[str, list[int]] = {}
+    for line in lines:
+        fields = dict(part.split("=", 1) for part in line.split()[1:])
+        total = totals.setdefault(fields["store"], [0, 0, 0, 0])
+        for i, name in enumerate(("trials", "duplicates", "lost", "stuck")):
+            total[i] += int(fields[name])
+    for store, (trials, duplicates, lost, stuck) in sorted(totals.items()):
+        terminalreporter.write_line(
+            f"faults total: store={store} trials={trials} duplicates={duplicates} "
+            f"lost={lost} stuck={stuck}"
+        )
+
+
+@pytest.fixture
+def fault_report(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., str]:
+    """Record a test's counts (before it asserts them, so a failing test reports too)."""
+
+    def report(*, store: str, point: str, trials: int, duplicates: int, lost: int,
+               stuck: int) -> str:  # fmt: skip
+        line = (
+            f"faults: store={store} point={point} trials={trials} duplicates={duplicates} "
+            f"lost={lost} stuck={stuck}"
+        )
+        request.config.stash.setdefault(_LINES, []).append(line)
+        request.node.user_properties.append(("faults", line))
+        summary = tmp_path_factory.getbasetemp() / "faults-summary.txt"
+        with summary.open("a", encoding="utf-8") as f:
+            f.write(line + "\n")
+        return line
+
+    return report
+
+
+@pytest.fixture(scope="session")
+def execution_log(tmp_path_factory: pytest.TempPathFactory) -> ExecutionLog:
+    return ExecutionLog(tmp_path_factory.mktemp("faults") / "executions.jsonl")
+
+
+@pytest.fixture(scope="session")
+def counting_upstream(execution_log: ExecutionLog) -> Iterator[ThreadServer]:
+    """One counting tool server for the run; tests tell their calls apart by session id."""
+    server = ThreadServer(create_counting_app(execution_log.path)).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _make_cluster(
+    store_url: str, upstream: ThreadServer, log: ExecutionLog, directory: Path
+) -> Cluster:
+    org_id, key = f"org-{secrets.token_hex(6)}", "ul_test_" + secrets.token_urlsafe(18)
+    config = write_org_config(directory / f"{org_id}.toml", org_id, key)
+    return Cluster(store_url, upstream.url, config, org_id, key, directory, log)
+
+
+def _stop(clusters: list[Cluster]) -> None:
+    for cluster in clusters:
+        for server in cluster.started:
+            server.kill()
+
+
+@pytest.fixture(scope="session")
+def _clusters(
+    counting_upstream: ThreadServer,
+    execution_log: ExecutionLog,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Cluster]]:
+    """One cluster per store for the whole run, so its clean proxy starts once (a python
+    start-up costs seconds on a busy 2-core machine). Made on first use."""
+    made: dict[str, Cluster] = {}
+    yield made
+    _stop(list(made.values()))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def cluster(
+    request: pytest.FixtureRequest,
+    _clusters: dict[str, Cluster],
+    counting_upstream: ThreadServer,
+    execution_log: ExecutionLog,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Cluster]:
+    """The run's cluster on each store in turn; proxies a test spawns die with the test."""
+    store: str = request.param
+    if store not in _clusters:
+        directory = tmp_path_factory.mktemp(f"faults-{store}")
+        url = (
+            str(request.getfixturevalue("pg_url"))
+            if store == "postgres"
+            else f"sqlite:///{directory / 'undolog.db'}"
+        )
+        _clusters[store] = _make_cluster(url, counting_upstream, execution_log, directory)
+    cluster = _clusters[store]
+    cluster.clean  # noqa: B018 - started (or restarted) before the test begins
+    yield cluster
+    clean = cluster.clean_or_none
+    for server in cluster.started:
+        if server is not clean:
+            server.kill()
+    cluster.started[:] = [clean] if clean else []
+
+
+@pytest.fixture
+def cluster_on(
+    counting_upstream: ThreadServer, execution_log: ExecutionLog, tmp_path: Path
+) -> Iterator[Callable[[str], Cluster]]:
+    """Clusters of a test's own on a given store URL, fresh org; stopped at the end."""
+    made: list[Cluster] = []
+
+    def make(store_url: str) -> Cluster:
+        made.append(_make_cluster(store_url, counting_upstream, execution_log, tmp_path))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        _stop(made)
