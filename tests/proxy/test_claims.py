@@ -33,6 +33,11 @@ def sdk_entry(c: httpx.Client, session: str) -> str:
     return str(waiting["next_entry"]["entry_id"])
 
 
+def near_miss(token: str) -> str:
+    """The token with its last character changed (to one it is not already)."""
+    return token[:-1] + ("A" if token[-1] != "A" else "B")
+
+
 def code_of(response: httpx.Response) -> tuple[int, str]:
     return response.status_code, response.json()["code"]
 
@@ -54,7 +59,7 @@ def test_another_caller_cannot_fail_or_complete_an_entry_someone_else_holds(
             intruder.post(f"/undo/{entry}/fail", json={"error": "sabotage"}),
             intruder.post(f"/undo/{entry}/fail", json={"error": "x", "claim_token": "guess"}),
             intruder.post(f"/undo/{entry}/complete"),
-            intruder.post(f"/undo/{entry}/complete", json={"claim_token": token[:-1] + "A"}),
+            intruder.post(f"/undo/{entry}/complete", json={"claim_token": near_miss(token)}),
             intruder.post(f"/undo/{entry}/fail", json={"error": "x", "claim_token": 7}),
         ]
         still = holder.get(f"/sessions/{session}").json()["undo_stack"][0]
