@@ -97,17 +97,7 @@ def test_a_proxy_killed_at_a_crash_point_loses_nothing_and_runs_nothing_twice(
 
 @pytest.mark.parametrize(
     "kind",
-    [
-        "idempotent",
-        pytest.param(
-            "non_idempotent",
-            marks=pytest.mark.xfail(
-                strict=False,
-                reason="issue 11 point 6: a lost compensation run is re-run even when the "
-                "compensation is not idempotent (at-least-once today)",
-            ),
-        ),
-    ],
+    ["idempotent", "non_idempotent"],
 )
 def test_a_proxy_killed_mid_rollback_runs_no_compensation_twice(
     cluster: Cluster, kind: str, seed: int, fault_report: Callable[..., str]
@@ -149,10 +139,6 @@ def test_a_proxy_killed_mid_rollback_runs_no_compensation_twice(
     assert all(answer.split()[0] in ("200", "409", "502") for answer in final), final
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 11 point 7: no sweeper yet; an orphan stays `executing` until a retry",
-)
 def test_an_orphaned_call_nobody_retries_is_moved_out_of_executing_by_the_sweeper(
     cluster: Cluster, fault_report: Callable[..., str]
 ) -> None:

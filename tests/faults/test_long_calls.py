@@ -66,11 +66,6 @@ def test_a_call_longer_than_the_lease_runs_once_and_loses_no_result(
     assert stuck == 0
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 11 point 7: no lease renewal; the live run's lease expires, the duplicate "
-    "makes it in_doubt and the run's own commit fails",
-)
 def test_a_call_longer_than_the_lease_is_answered_by_its_own_run(cluster: Cluster) -> None:
     original, duplicate = race_a_duplicate(cluster, cluster.clean, "write")
 
@@ -90,17 +85,7 @@ def impatient(cluster: Cluster) -> ProcessServer:
 
 @pytest.mark.parametrize(
     "tool",
-    [
-        pytest.param(
-            "write",
-            marks=pytest.mark.xfail(
-                strict=False,
-                reason="issue 11 point 6: an upstream timeout is recorded `failed`, and a "
-                "retry runs the tool again",
-            ),
-        ),
-        "iwrite",
-    ],
+    ["write", "iwrite"],
 )
 def test_a_call_longer_than_the_upstream_timeout_runs_once(
     cluster: Cluster, impatient: ProcessServer, tool: str, fault_report: Callable[..., str]

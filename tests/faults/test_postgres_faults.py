@@ -197,11 +197,6 @@ def test_a_database_outage_under_16_clients_loses_nothing_and_runs_nothing_twice
     assert stuck == 0
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 11 point 8: a replay records an `effect_replayed` event, so it fails while "
-    "the database refuses writes",
-)
 def test_replays_are_served_while_the_database_refuses_writes(
     pg_url: str, cluster_on: Callable[[str], Cluster], fault_report: Callable[..., str]
 ) -> None:

@@ -130,7 +130,9 @@ class ProcessServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> ProcessServer:
+    def start(self, timeout: float = 90.0) -> ProcessServer:
+        # Generous: a cold `python -m undolog serve` takes 10-20 s on a loaded 2-core machine.
+        # It returns as soon as the server answers; the deadline only bounds a hang.
         env = {**os.environ, **self.env}
         if self.log_path:
             # The child gets its own copy of the descriptor; ours is closed at once.
