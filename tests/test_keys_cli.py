@@ -21,7 +21,7 @@ from tests.test_cli import run
 from undolog.config import hash_api_key
 from undolog.demo.tools import create_demo_tools_app
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.security]
 
 
 @pytest.fixture

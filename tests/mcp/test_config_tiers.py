@@ -19,7 +19,7 @@ from tests.mcp.conftest import Gateway, git, git_gateway_config, serve_gateway
 from undolog.engine import Engine
 from undolog.store import open_store
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.security]
 
 
 @pytest.fixture

@@ -20,6 +20,8 @@ import pytest
 from tests.proxy.conftest import ProxyHarness
 from undolog.config import load_settings
 
+pytestmark = pytest.mark.security
+
 TOOL_CALL = "/mcp/tool_call"
 NUL = "%00"
 LOCAL = {"tier": "compensable", "compensation": {"fn_name": "undo_local", "max_retries": 1}}

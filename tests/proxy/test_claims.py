@@ -13,9 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.proxy.conftest import ProxyHarness
 from tests.support.servers import wait_until
+
+pytestmark = pytest.mark.security
 
 TOOL_CALL = "/mcp/tool_call"
 LOCAL = {"tier": "compensable", "compensation": {"fn_name": "undo_local", "max_retries": 1}}

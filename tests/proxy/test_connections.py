@@ -23,6 +23,8 @@ from tests.support.servers import ProcessServer, free_port, undolog_command, wai
 from undolog.config import DEFAULT_MAX_HEADER_BYTES
 from undolog.proxy.server import raise_open_files_limit
 
+pytestmark = pytest.mark.security
+
 IDLE_CONNECTIONS = 2_000
 PARTIAL_HEAD = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Partial: "
 

@@ -20,6 +20,8 @@ from tests.proxy.conftest import METRICS_AUTH, TEST_METRICS_TOKEN, ProxyHarness
 from tests.support.servers import free_port, undolog_command
 from undolog.config import load_settings
 
+pytestmark = pytest.mark.security
+
 
 @pytest.fixture
 def store_url(tmp_path_factory: pytest.TempPathFactory) -> str:

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from undolog.proxy.ratelimit import FailureLimiter
+
+pytestmark = pytest.mark.security
 
 
 class Clock:

@@ -25,6 +25,8 @@ from undolog.engine.keys import Keys, Role
 from undolog.proxy.roles import PERMISSIONS, route_roles
 from undolog.store import open_store
 
+pytestmark = pytest.mark.security
+
 TOOL_CALL = "/mcp/tool_call"
 
 

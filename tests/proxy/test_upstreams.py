@@ -38,6 +38,8 @@ from undolog.upstreams import (
     verify_upstream_signature,
 )
 
+pytestmark = pytest.mark.security
+
 TOOL_CALL = "/mcp/tool_call"
 EMAIL = {"to": "ada@example.com", "subject": "hello"}
 LEAK = "SECRET-INTERNAL-DATA-7f3a"

@@ -17,6 +17,8 @@ from undolog.proxy.ui_auth import COOKIE_NAME, SessionTokens
 from undolog.store import open_store
 from undolog_sdk.errors import AuthFailed, AuthMissing
 
+pytestmark = pytest.mark.security
+
 SECRET = "http-test-ui-secret"
 UI = {"X-Requested-With": "undolog-ui"}
 

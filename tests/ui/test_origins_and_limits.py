@@ -16,6 +16,8 @@ from tests.proxy.conftest import ProxyHarness
 from undolog.config import load_settings
 from undolog_sdk.errors import AuthFailed, RateLimited
 
+pytestmark = pytest.mark.security
+
 UI = {"X-Requested-With": "undolog-ui"}
 SECRET = "origin-test-ui-secret"
 
