@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from tests.proxy.conftest import make_settings
+from tests.support.forwarder import Forwarder, forwarding
 from tests.support.servers import ThreadServer, wait_until
-from tests.support.tcp_cut import CuttableForwarder
 from undolog.proxy import create_app
 
 READY_TIMEOUT = "0.5"
@@ -59,15 +59,12 @@ def _start(database_url: str) -> ThreadServer:
 
 
 @pytest.fixture
-def pg_forwarder(pg_url: str) -> Iterator[tuple[CuttableForwarder, str]]:
+def pg_forwarder(pg_url: str) -> Iterator[tuple[Forwarder, str]]:
     """A forwarder to the test database, and the database's URL through it."""
     parts = urlsplit(pg_url)
-    forwarder = CuttableForwarder(parts.hostname or "127.0.0.1", parts.port or 5432).start()
-    netloc = f"{parts.username}@127.0.0.1:{forwarder.port}" if parts.username else None
-    try:
+    with forwarding(parts.hostname or "127.0.0.1", parts.port or 5432) as forwarder:
+        netloc = f"{parts.username}@127.0.0.1:{forwarder.port}" if parts.username else None
         yield forwarder, urlunsplit(parts._replace(netloc=netloc or f"127.0.0.1:{forwarder.port}"))
-    finally:
-        forwarder.close()
 
 
 def test_ready_answers_ok_when_the_store_answers(store_url: str) -> None:
@@ -81,7 +78,7 @@ def test_ready_answers_ok_when_the_store_answers(store_url: str) -> None:
 
 
 def test_ready_fails_and_health_holds_while_postgres_is_cut_off(
-    pg_forwarder: tuple[CuttableForwarder, str],
+    pg_forwarder: tuple[Forwarder, str],
 ) -> None:
     forwarder, url = pg_forwarder
     server = _start(url)
