@@ -22,11 +22,17 @@ pytestmark = pytest.mark.security
 
 TOOL_CALL = "/mcp/tool_call"
 LOCAL = {"tier": "compensable", "compensation": {"fn_name": "undo_local", "max_retries": 1}}
+# A lapsed claim is taken over only for a compensation declared idempotent (a runner that
+# died mid-run may have run it); any other waits for an operator (tests/proxy/test_rollback*).
+LOCAL_IDEMPOTENT = {
+    "tier": "compensable",
+    "compensation": {"fn_name": "undo_local", "max_retries": 1, "idempotent": True},
+}
 
 
-def sdk_entry(c: httpx.Client, session: str) -> str:
+def sdk_entry(c: httpx.Client, session: str, spec: dict[str, Any] = LOCAL) -> str:
     """A committed SDK-executed call rolled back: its entry waits for an SDK runner."""
-    c.put("/tools/local_write", json=LOCAL).raise_for_status()
+    c.put("/tools/local_write", json=spec).raise_for_status()
     body = {"session_id": session, "tool_name": "local_write", "step_index": 1,
             "args": {"n": 1}, "mode": "sdk"}  # fmt: skip
     effect = c.post(TOOL_CALL, json=body).json()["effect_id"]
@@ -104,7 +110,7 @@ def test_a_lapsed_claim_taken_over_invalidates_the_old_token(
     proxy = proxy_factory(lease_seconds=2.0)
     session = str(uuid.uuid4())
     with proxy.client() as c:
-        entry = sdk_entry(c, session)
+        entry = sdk_entry(c, session, LOCAL_IDEMPOTENT)
         first = c.post(f"/undo/{entry}/claim").json()["claim_token"]
         taken: dict[str, Any] = {}
 
