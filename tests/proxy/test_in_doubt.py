@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from tests.proxy.conftest import ProxyHarness
+from tests.proxy.conftest import METRICS_AUTH, ProxyHarness
 from tests.proxy.test_read_only import on_proxy_loop
 from tests.support.servers import ThreadServer, wait_until
 from undolog.demo.catalog import DEMO_TOOLS
@@ -47,7 +47,7 @@ def upstream_keys(proxy: ProxyHarness, session_id: str) -> list[str]:
 
 
 def metric(client: httpx.Client, line_start: str) -> float:
-    for line in client.get("/metrics").text.splitlines():
+    for line in client.get("/metrics", headers=METRICS_AUTH).text.splitlines():
         if line.startswith(line_start + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from tests.proxy.conftest import METRICS_AUTH
 from tests.proxy.test_crash import (  # noqa: F401 - fleet_on: a fixture, used by name
     DEADLINE,
     LEASE_SECONDS,
@@ -38,7 +39,7 @@ def get(fleet: Fleet, server: ProcessServer, path: str) -> httpx.Response:
 
 
 def swept(fleet: Fleet, server: ProcessServer) -> float:
-    text = get(fleet, server, "/metrics").text
+    text = httpx.get(server.url + "/metrics", headers=METRICS_AUTH, timeout=DEADLINE).text
     name = 'undolog_proxy_effects_in_doubt_total{reason="lease_expired"}'
     for line in text.splitlines():
         if line.startswith(name + " "):

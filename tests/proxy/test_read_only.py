@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from tests.conftest import _pg_admin_url
-from tests.proxy.conftest import ProxyHarness
+from tests.proxy.conftest import METRICS_AUTH, ProxyHarness
 from tests.support.servers import wait_until
 from undolog.proxy.held import SPOOL_FILE
 
@@ -129,7 +129,7 @@ def spool_lines(proxy: ProxyHarness) -> list[dict[str, Any]]:
 
 def held(client: httpx.Client, outcome_label: str) -> float:
     name = f'undolog_proxy_held_results_total{{outcome="{outcome_label}"}}'
-    for line in client.get("/metrics").text.splitlines():
+    for line in client.get("/metrics", headers=METRICS_AUTH).text.splitlines():
         if line.startswith(name + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0

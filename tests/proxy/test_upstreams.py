@@ -25,9 +25,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tests.proxy.conftest import ProxyHarness, make_settings
+from tests.proxy.conftest import ProxyHarness, make_settings, role_keys
 from tests.support.servers import ThreadServer, free_port, wait_until
-from undolog.config import OrgConfig, UpstreamConfig, hash_api_key
+from undolog.config import OrgConfig, UpstreamConfig
 from undolog.demo.catalog import DEMO_TOOLS
 from undolog.demo.tools import create_demo_tools_app
 from undolog.upstreams import (
@@ -157,12 +157,10 @@ class TwoOrgs:
     def start(self, upstream_url: str, **overrides: Any) -> TwoOrgProxy:
         from undolog.proxy import create_app
 
-        orgs = tuple(
-            OrgConfig(org_id=self.ids[o], api_key_hashes=(hash_api_key(self.keys[o]),))
-            for o in self.ids
-        )
+        # Admin keys: registering a tool (`PUT /tools`) is an admin's right.
+        orgs = tuple(OrgConfig(org_id=self.ids[o], keys=role_keys(self.keys[o])) for o in self.ids)
         settings = make_settings(self.store_url, upstream_url, orgs, **overrides)
-        server = ThreadServer(create_app(settings)).start()
+        server = ThreadServer(create_app(settings), settings=settings).start()
         self.started.append(server)
         return TwoOrgProxy(server.url, self.keys)
 
