@@ -59,6 +59,11 @@ class Pair:
         counters: dict[str, int] = httpx.get(f"{self.upstream_url}/counters/{tool}").json()
         return counters
 
+    def upstream_calls(self) -> list[dict[str, Any]]:
+        """The upstream's log of calls (for a failure message)."""
+        calls: list[dict[str, Any]] = httpx.get(f"{self.upstream_url}/calls").json()
+        return calls
+
     async def events(self) -> list[EventRecord]:
         store = await open_store(self.database_url)
         try:
@@ -221,7 +226,10 @@ async def test_two_processes_sweeping_handle_each_expired_approval_once(
     assert swept == sorted(p["effect_id"] for p in asked)
     runs = pair.runs()
     if auto_approve:
-        assert runs == {p["effect_id"]: 1 for p in asked}
+        effects = {e["effect_id"]: e for e in on_b.get(f"/sessions/{session}").json()["effects"]}
+        unseen = {p["effect_id"]: effects.get(p["effect_id"]) for p in asked
+                  if p["effect_id"] not in runs}  # fmt: skip
+        assert runs == {p["effect_id"]: 1 for p in asked}, (unseen, pair.upstream_calls())
         committed = [e for e in events if e.type == "effect_committed"]
         assert len(committed) == len(asked)
     else:

@@ -65,6 +65,13 @@ def test_an_orphaned_call_is_swept_in_doubt_once_resolved_and_rolled_back(fleet:
         "execution lease expired before commit or fail",
     )
     assert get(fleet, survivor, "/overview").json()["effects_in_doubt"] == 1
+    # The sweeper counts the move once its transaction has committed, so the count can trail
+    # the state a reader already sees: wait for it, then it must be exactly one move.
+    wait_until(
+        lambda: swept(fleet, survivor) + swept(fleet, other) >= 1.0,
+        timeout=DEADLINE,
+        what="the sweeper to count the move",
+    )
     assert swept(fleet, survivor) + swept(fleet, other) == 1.0  # one sweeper moved it
 
     blocked = fleet.post(survivor, f"/sessions/{session}/rollback", {})
