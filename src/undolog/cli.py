@@ -239,6 +239,55 @@ def demo_tools(
     _run(run_demo_tools(host, port, secret=secret))
 
 
+@app.command("mcp-stdio")
+def mcp_stdio(
+    url: str = typer.Option(
+        "http://localhost:8080",
+        "--url",
+        envvar="UNDOLOG_PROXY_URL",
+        help="The proxy's base URL (env UNDOLOG_PROXY_URL)",
+    ),
+    api_key: str = typer.Option(
+        None, "--api-key", envvar="UNDOLOG_API_KEY", help="An agent key (env UNDOLOG_API_KEY)"
+    ),
+    session_id: str = typer.Option(
+        None,
+        "--session-id",
+        envvar="UNDOLOG_SESSION_ID",
+        help="The UndoLog session of every call (default: a new one per start)",
+    ),
+) -> None:
+    """Speak MCP over stdio to a desktop client, forwarding to the proxy's /mcp gateway."""
+    import uuid
+
+    from undolog.mcp.stdio import new_session_id, run_bridge
+
+    if not api_key:
+        typer.echo("error: an API key is needed (--api-key or UNDOLOG_API_KEY)", err=True)
+        raise typer.Exit(2)
+    if session_id is not None:
+        try:
+            session_id = str(uuid.UUID(session_id))
+        except ValueError:
+            typer.echo(f"error: --session-id {session_id!r} is not a UUID", err=True)
+            raise typer.Exit(2) from None
+    try:
+        asyncio.run(run_bridge(url, api_key, session_id or new_session_id()))
+    except KeyboardInterrupt:
+        pass
+    except Exception as exc:  # one line on stderr: stdout belongs to the protocol
+        typer.echo(f"error: cannot serve the UndoLog gateway at {url}: {_reason(exc)}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost cause of a failure inside task groups, as one short line."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 @app.command()
 def demo(
     url: str = typer.Option(None, "--url", help="Run against this proxy instead of a private one"),
