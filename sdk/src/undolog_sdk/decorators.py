@@ -17,15 +17,15 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar, cast
 
 from undolog_sdk.client import UndoLogClient
-from undolog_sdk.session import UndoLogSession
+from undolog_sdk.session import UndoLogSession, get_current_session
 from undolog_sdk.signature import call_signature, canonical_json
 from undolog_sdk.tier import CompensationDescriptor, ToolTier
 
-__all__ = ["AwaitingApprovalError", "current_effect_id", "undolog_tool"]
+__all__ = ["AwaitingApprovalError", "current_effect_id", "undolog_tool", "wrap_tools"]
 
 R = TypeVar("R")
 
@@ -81,12 +81,14 @@ def undolog_tool(
         compensation: how to undo it; required for COMPENSABLE.
         client: the client to use; by default a module-level one configured from the
             environment (`UNDOLOG_PROXY_URL`, `UNDOLOG_API_KEY`).
-        session_param: the keyword argument that carries the `UndoLogSession` at call time.
+        session_param: the keyword argument that carries the `UndoLogSession` at call time;
+            without it, the current session (`run_with_session`, `async with session`).
 
     Raises:
         ValueError: at decoration, a COMPENSABLE tier without a compensation.
         TypeError: at decoration, a function that is not `async def`.
-        RuntimeError: at call time, the session keyword argument is missing.
+        RuntimeError: at call time, no session: neither the keyword argument nor a current
+            session.
         AwaitingApprovalError: at call time, the call waits for approval.
     """
     if not isinstance(tier, ToolTier):
@@ -110,10 +112,12 @@ def undolog_tool(
                 kwargs.pop(session_param, None)
             if tier.is_safe:
                 return await fn(*args, **kwargs)
+            if session is None:  # an explicit `_session` wins over the current one
+                session = get_current_session()
             if not isinstance(session, UndoLogSession):
                 raise RuntimeError(
-                    f"tool '{name}' needs an UndoLogSession in its '{session_param}' "
-                    "keyword argument"
+                    f"tool '{name}' needs an UndoLogSession: run it inside "
+                    f"`async with run_with_session(session)` or pass it as '{session_param}='"
                 )
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
@@ -138,7 +142,7 @@ def undolog_tool(
                 # The reference's flow signs the call first: a session id that is not a UUID,
                 # or arguments that are not JSON, fail here (ValueError), before anything is
                 # recorded. The proxy computes the same signature from the same inputs.
-                call_signature(session.session_id, step, name_, call_args)
+                signed = call_signature(session.session_id, step, name_, call_args)
                 await c.register_tool(
                     session.org_id,
                     name_,
@@ -155,12 +159,15 @@ def undolog_tool(
                 session._give_back_step(step)
                 raise
             if decision.outcome == "Replay":
+                session._awaiting.pop(signed, None)
                 return decision.cached_result
             if decision.outcome == "AwaitingApproval":
                 session._give_back_step(step)
+                session._awaiting[signed] = decision.approval_id or ""
                 waiting = AwaitingApprovalError(decision.approval_id or "", name_, step)
                 waiting.retry_after = decision.retry_after
                 raise waiting
+            session._awaiting.pop(signed, None)  # approved: this call runs now
             effect_id = decision.effect_id or ""
             token = _current_effect.set(effect_id)
             try:
@@ -192,3 +199,41 @@ def undolog_tool(
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def wrap_tools(
+    fns: Iterable[Callable[..., Awaitable[Any]]],
+    *,
+    tiers: Mapping[str, ToolTier | str],
+    compensations: Mapping[str, CompensationDescriptor] | None = None,
+    client: UndoLogClient | None = None,
+) -> list[Callable[..., Coroutine[Any, Any, Any]]]:
+    """Classify plain async functions: each becomes `@undolog_tool(tiers[name],
+    compensations.get(name))`, looked up by the function's `__name__`, in the order given.
+
+    The wrapped functions keep their names, docstrings and signatures (frameworks read them to
+    describe the tool), and find their session in the current context (`run_with_session`).
+
+    Raises:
+        ValueError: a function with no tier (UndoLog never guesses one: an unclassified tool
+            could be irreversible), a tier that is not one, a compensation that names no
+            function given, or a COMPENSABLE function without a compensation.
+        TypeError: a function that is not `async def`.
+    """
+    fns = list(fns)
+    compensations = dict(compensations or {})
+    names = [getattr(fn, "__name__", repr(fn)) for fn in fns]
+    unclassified = [name for name in names if name not in tiers]
+    if unclassified:
+        raise ValueError(f"no tier for {', '.join(unclassified)}: give each tool a tier")
+    stray = sorted(set(compensations) - set(names))
+    if stray:
+        raise ValueError(f"compensations for unknown tools: {', '.join(stray)}")
+    wrapped = []
+    for fn, name in zip(fns, names, strict=True):
+        try:
+            tier = ToolTier(tiers[name])
+        except ValueError:
+            raise ValueError(f"tool '{name}': {tiers[name]!r} is not a tier") from None
+        wrapped.append(undolog_tool(tier, compensations.get(name), client=client)(fn))
+    return wrapped

@@ -1,15 +1,60 @@
-"""`UndoLogSession`: who is calling (org), which run it is (session id), and the step order."""
+"""`UndoLogSession`: who is calling (org), which run it is (session id), and the step order.
+
+The session in use is also the *current* session of the task (a context variable): inside
+`async with session:` or `async with run_with_session(session):`, a decorated tool called
+without `_session` uses it, and so do tasks started from there (asyncio copies the context).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from undolog_sdk.client import UndoLogClient
 
-__all__ = ["UndoLogSession"]
+__all__ = [
+    "UndoLogSession",
+    "get_current_session",
+    "require_current_session",
+    "run_with_session",
+]
+
+_current: contextvars.ContextVar[UndoLogSession | None] = contextvars.ContextVar(
+    "undolog_current_session", default=None
+)
+
+
+def get_current_session() -> UndoLogSession | None:
+    """The session of the running task, or None outside any session block."""
+    return _current.get()
+
+
+def require_current_session() -> UndoLogSession:
+    """The session of the running task.
+
+    Raises:
+        RuntimeError: outside any session block.
+    """
+    session = _current.get()
+    if session is None:
+        raise RuntimeError(
+            "no current UndoLog session: run the agent inside `async with "
+            "run_with_session(UndoLogSession(org_id=...))` (or pass `_session=`)"
+        )
+    return session
+
+
+@contextlib.asynccontextmanager
+async def run_with_session(session: UndoLogSession) -> AsyncIterator[UndoLogSession]:
+    """Run the block with `session` as the current session, and close it as `async with
+    session` does (see `UndoLogSession.__aexit__` for when it completes)."""
+    async with session:
+        yield session
 
 
 def _new_session_id() -> str:
@@ -35,8 +80,14 @@ class UndoLogSession:
     """The client used to close the session; by default the one its first tool call used."""
     _used: bool = field(default=False, init=False, repr=False, compare=False)
     _rolled_back: bool = field(default=False, init=False, repr=False, compare=False)
+    _awaiting: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Calls that wait for approval: call signature → approval id (until that call runs)."""
+    _tokens: list[contextvars.Token[UndoLogSession | None]] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
 
     async def __aenter__(self) -> UndoLogSession:
+        self._tokens.append(_current.set(self))
         return self
 
     async def __aexit__(
@@ -45,18 +96,31 @@ class UndoLogSession:
         exc_val: BaseException | None,
         exc_tb: object | None,
     ) -> None:
-        """A block that raises rolls the session back (then the exception propagates); one
-        that ends normally completes it. A block left by an error that means "not now" —
-        `AwaitingApprovalError`, `InProgress`, `EffectInDoubt` — does neither: the session
-        stays open, to be resumed with the same session id once the call can go on."""
+        """When a session block ends, the session is:
+
+        - *completed* when the block ends normally and no call of it waits for approval;
+        - *left open* when the block ends normally while a call waits for approval (the
+          caller caught `AwaitingApprovalError`), or is left by an error that means "not
+          now" — `AwaitingApprovalError`, `InProgress`, `EffectInDoubt`: resume it with the
+          same session id once the call can go on; a pending approval is never rejected by
+          leaving the block;
+        - *rolled back* when the block raises any other exception (which then propagates).
+
+        A session none of whose calls reached the proxy, or that was rolled back inside the
+        block, is left as it is.
+        """
         from undolog_sdk.decorators import AwaitingApprovalError
         from undolog_sdk.errors import EffectInDoubt, InProgress
 
+        if self._tokens:
+            _current.reset(self._tokens.pop())
         if not self._used or self._rolled_back:
             return None
         if isinstance(exc_val, AwaitingApprovalError | InProgress | EffectInDoubt):
             return None
         if exc_val is None:
+            if self._awaiting:  # an approval is pending: completing would withdraw it
+                return None
             await self._client().complete_session(self.org_id, self.session_id)
             return None
         if isinstance(exc_val, Exception):
