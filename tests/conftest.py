@@ -10,6 +10,7 @@ except under CI (`CI` set), where they fail: CI must run them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -42,11 +43,12 @@ async def _drop_database(admin_url: str, name: str) -> None:
         await conn.close()
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """A fresh, migrated PostgreSQL database for this test run."""
+@contextlib.contextmanager
+def fresh_pg_database(label: str = "test") -> Iterator[str]:
+    """A new, migrated PostgreSQL database, dropped on exit (skips, or fails under CI, when
+    PostgreSQL is not reachable)."""
     admin = _pg_admin_url()
-    name = f"undolog_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    name = f"undolog_{label}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     try:
         asyncio.run(_create_database(admin, name))
     except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
@@ -63,9 +65,24 @@ def pg_url() -> Iterator[str]:
         finally:
             await store.close()
 
-    asyncio.run(migrate())
-    yield url
-    asyncio.run(_drop_database(admin, name))
+    try:
+        asyncio.run(migrate())
+        yield url
+    finally:
+        asyncio.run(_drop_database(admin, name))
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database for this test run.
+
+    Shared by the run's tests, which keep apart by org. A proxy's sweepers (approvals, leases)
+    work across orgs, though, so a proxy that outlives its test must not use this database:
+    it would sweep later tests' approvals and run them on its own upstream. Such proxies get a
+    database of their own (`fresh_pg_database`; the fault suite's long-lived cluster does).
+    """
+    with fresh_pg_database() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import fresh_pg_database
 from tests.faults.harness import Cluster
 from tests.faults.upstream import ExecutionLog, create_counting_app
 from tests.proxy.conftest import write_org_config
@@ -102,6 +103,15 @@ def _stop(clusters: list[Cluster]) -> None:
 
 
 @pytest.fixture(scope="session")
+def faults_pg_url() -> Iterator[str]:
+    """The long-lived cluster's own PostgreSQL database: its proxy lives for the whole run, and
+    its sweepers (approvals, leases) work across orgs, so on the run's shared database it would
+    sweep other tests' approvals and run them on the counting upstream."""
+    with fresh_pg_database("faults") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def _clusters(
     counting_upstream: ThreadServer,
     execution_log: ExecutionLog,
@@ -127,7 +137,7 @@ def cluster(
     if store not in _clusters:
         directory = tmp_path_factory.mktemp(f"faults-{store}")
         url = (
-            str(request.getfixturevalue("pg_url"))
+            str(request.getfixturevalue("faults_pg_url"))
             if store == "postgres"
             else f"sqlite:///{directory / 'undolog.db'}"
         )
