@@ -172,8 +172,8 @@ class Engine(Registry):
         tool = await self.get_tool(org_id, tool_name)
         tier = ToolTier(tool.tier)
         call = Call(org_id, session_id, tool, tier, args, args_json, tool_version, mode, actor)
-        fast_path = step_index is not None and not tier.is_safe
-        if actor.own_sessions_only and not (fast_path and self.store.executes_new_in_one_call):
+        one_call = step_index is not None and self._executes_in_one_call(call)
+        if actor.own_sessions_only and not one_call:
             # Checked before any read that could replay the session's calls; the store's
             # one-call path checks it itself, and the locked paths check it again.
             async with self.store.reader() as q:
@@ -187,7 +187,7 @@ class Engine(Registry):
 
         if step_index is not None:
             signature = call_signature(session_id, step_index, tool_name, args)
-            fast = await self._execute_new(call, step_index, signature)
+            fast = await self._execute_new(call, step_index, signature) if one_call else None
             if isinstance(fast, Decision):
                 return fast
             seen = fast
@@ -216,30 +216,33 @@ class Engine(Registry):
         assert plan.decision is not None
         return plan.decision
 
-    async def _execute_new(
-        self, call: Call, step: int, signature: str
-    ) -> Decision | EffectRecord | None:
-        """A new call, or a replay, in one round trip where the store can (`execute_new`).
-
-        Asked only when the decision table says a new call of an active session executes:
-        the store inserts it only in exactly that situation. Returns the Execute or Replay
-        decision, or the effect that has the signature in another state, or None (lock busy,
-        session not active, or no such store): the full path decides. Raises `Forbidden`
-        when the session is another key's and the actor is held to its own.
-        """
-        if not self.store.executes_new_in_one_call:
-            return None
-        now = self._clock()
+    def _executes_in_one_call(self, call: Call) -> bool:
+        """Whether a numbered call goes to the store's one-call path (`_execute_new`): the
+        store can, and the decision table says a new call of an active session executes."""
+        if not self.store.executes_new_in_one_call or call.tier.is_safe:
+            return False
         action = decide(
             tier=call.tier,
             existing=None,
             session_state=SessionState.ACTIVE,
             approval_status=None,
-            now_us=now,
+            now_us=self._clock(),
             idempotent_upstream=call.tool.idempotent_upstream,
         )
-        if action is not Action.EXECUTE_NEW:
-            return None
+        return action is Action.EXECUTE_NEW
+
+    async def _execute_new(
+        self, call: Call, step: int, signature: str
+    ) -> Decision | EffectRecord | None:
+        """A new call, or a replay, in one round trip (`execute_new`); only when
+        `_executes_in_one_call`, since the store inserts it only in exactly that situation.
+
+        Returns the Execute or Replay decision, or the effect that has the signature in
+        another state, or None (lock busy, session not active): the full path decides.
+        Raises `Forbidden` when the session is another key's and the actor is held to its
+        own (the store checks it before anything else).
+        """
+        now = self._clock()
         effect = self._new_effect(call, step, signature, now, executing=True)
         replay_payload = self._replayed_payload(call.tool.name, step)
         outcome, existing = await self.store.execute_new(
