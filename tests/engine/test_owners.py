@@ -140,3 +140,27 @@ async def test_ensure_visible_hides_each_kind_of_another_keys_thing_like_a_missi
     with pytest.raises(NotFound) as missing:
         await engine.get_effect(org_id, "no-such-effect")
     assert missing.value.message == Owned.EFFECT.not_found("no-such-effect").message
+
+
+@pytest.mark.parametrize("step", [2, None], ids=["numbered", "step-less"])
+async def test_a_session_created_after_the_owner_precheck_is_still_refused_in_the_transaction(
+    engine: Engine, org_id: str, monkeypatch: pytest.MonkeyPatch, step: int | None
+) -> None:
+    """The race: the pre-check read no session, then A created it. The locked path (or, on
+    PostgreSQL, the one-call function) sees the owner and writes nothing."""
+    session = str(uuid.uuid4())
+    first = await engine.intercept(org_id, session, "send_email", EMAIL, step_index=1, actor=A)
+    before = await session_of(engine, org_id, session)
+    events = await events_of(engine, org_id)
+
+    async def nothing_there(*_: object) -> tuple[bool, None]:
+        return False, None
+
+    async with engine.store.reader() as q:
+        monkeypatch.setattr(type(q), "session_owner", nothing_there)
+    with pytest.raises(Forbidden):
+        await engine.intercept(org_id, session, "send_email", {"n": 2}, step_index=step, actor=B)
+    assert await session_of(engine, org_id, session) == before
+    assert await events_of(engine, org_id) == events
+    view = await engine.session_view(org_id, session)
+    assert [e.effect_id for e in view.effects] == [first.effect_id]
