@@ -23,7 +23,9 @@ from tests.proxy.conftest import ProxyHarness, make_settings, new_key, role_keys
 from tests.support.servers import ThreadServer
 from tests.support.sse import EventStream, SseEvent
 from undolog.config import KeyConfig, OrgConfig, hash_api_key
-from undolog.store import Queries, open_store
+from undolog.engine.model import ORG_WIDE, Actor
+from undolog.proxy.owners import EventFilter
+from undolog.store import EventRecord, Queries, Store, open_store
 
 pytestmark = pytest.mark.security
 
@@ -369,3 +371,57 @@ async def test_an_agent_resuming_its_stream_replays_only_its_own_sessions_events
     ):
         sessions = {e.json["session_id"] for e in await everyone.take(6)}
     assert theirs in sessions and len(sessions) == 3
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+async def test_an_agents_stream_on_one_proxy_filters_events_another_proxy_wrote(
+    org: Org,
+) -> None:
+    """Events of another process reach the broker by LISTEN/NOTIFY; the filter is the
+    stream's, so they are held to the same rule."""
+    from undolog.proxy import create_app
+
+    settings = org.proxy.settings
+    other = ThreadServer(create_app(settings), settings=settings).start()
+    try:
+        mine, theirs = str(uuid.uuid4()), str(uuid.uuid4())
+        async with (
+            org.proxy.async_client(org.agent_b) as b_here,
+            httpx.AsyncClient(base_url=other.url, headers={"X-Api-Key": org.agent_a}) as a,
+            httpx.AsyncClient(base_url=other.url, headers={"X-Api-Key": org.agent_b}) as b,
+            EventStream(b_here) as stream,
+        ):
+            for client, session in ((a, theirs), (b, mine)):
+                body = {"session_id": session, "tool_name": "echo", "step_index": 1, "args": {}}
+                assert (await client.post(TOOL_CALL, json=body)).status_code == 200
+            seen = await stream.until("effect_committed")
+    finally:
+        other.stop()
+    assert [(e.event, e.json["session_id"]) for e in seen] == [
+        ("effect_intercepted", mine),
+        ("effect_committed", mine),
+    ]
+
+
+async def test_the_event_filter_passes_an_agent_its_own_sessions_events_only(
+    store: Store, org_id: str
+) -> None:
+    mine, theirs, ownerless, later = (str(uuid.uuid4()) for _ in range(4))
+    async with store.transaction() as q:
+        await q.touch_session(org_id, mine, 1, 1, "key-a")
+        await q.touch_session(org_id, theirs, 1, 1, "key-b")
+        await q.touch_session(org_id, ownerless, 1, 1)
+
+    def event(session: str | None) -> EventRecord:
+        return EventRecord(1, org_id, "effect_intercepted", session, None, "{}", 1)
+
+    agent = EventFilter(store, org_id, Actor("key-a", own_sessions_only=True))
+    everyone = EventFilter(store, org_id, ORG_WIDE)
+    cases = {mine: True, theirs: False, ownerless: False, None: False, later: False}
+    for session, expected in cases.items():
+        assert await agent.delivers(event(session)) is expected, session
+        assert await everyone.delivers(event(session)) is True
+    # A session not there yet is not remembered as hidden: once it is A's, A gets its events.
+    async with store.transaction() as q:
+        await q.touch_session(org_id, later, 1, 2, "key-a")
+    assert await agent.delivers(event(later)) is True
