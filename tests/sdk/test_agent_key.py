@@ -70,3 +70,34 @@ async def test_an_agent_key_cannot_register_a_new_tool(proxy: ProxyHarness) -> N
     assert raised.value.code == "forbidden"
     with proxy.client() as admin:
         assert "drop_everything" not in {t["name"] for t in admin.get("/tools").json()}
+
+
+@pytest.mark.security
+async def test_an_agent_key_cannot_run_a_tool_in_a_session_another_key_created(
+    proxy: ProxyHarness,
+) -> None:
+    compensation = CompensationDescriptor.new("undo_booking")
+    session_id = str(uuid.uuid4())
+    with proxy.client() as admin:
+        admin.put(
+            "/tools/book_room", json={"tier": "compensable", "compensation": compensation.to_dict()}
+        ).raise_for_status()
+        body = {"session_id": session_id, "tool_name": "echo", "step_index": 1, "args": {}}
+        assert admin.post("/mcp/tool_call", json=body).status_code == 200  # the admin's session
+    client = UndoLogClient(proxy.url, api_key=proxy.agent_key)
+    runs: list[str] = []
+
+    @undolog_tool(tier=ToolTier.COMPENSABLE, compensation=compensation, client=client)
+    async def book_room(room: str) -> dict[str, Any]:
+        runs.append(room)
+        return {"booked": room}
+
+    try:
+        session = UndoLogSession(org_id=proxy.org_id, session_id=session_id)
+        with pytest.raises(Forbidden) as raised:
+            await book_room("blue", _session=session)
+    finally:
+        await client.aclose()
+    assert raised.value.code == "forbidden"
+    assert runs == []
+    assert [e["tool_name"] for e in session_view(proxy, session_id)["effects"]] == ["echo"]

@@ -331,3 +331,46 @@ async def test_a_call_in_a_closed_session_is_refused_on_the_full_path(
     with pytest.raises(SessionClosed) as caught:
         await engine.intercept(org_id, session, "send_email", {}, step_index=2)
     assert caught.value.code == "session_closed"
+
+
+# -- session owners in the one round trip (migration 9) ---------------------------------------
+
+
+async def test_execute_new_records_the_owner_and_refuses_another_keys_session_unread(
+    open_pg: Callable[..., Awaitable[Store]], org_id: str
+) -> None:
+    store = await open_pg()
+    effect = make_effect(org_id)
+    inserted = await store.execute_new(
+        effect, None, INTERCEPTED, REPLAY, owner="key-a", owner_only=True
+    )
+    assert inserted == ("inserted", None)
+    async with store.transaction() as q:
+        await q.update_effect(org_id, effect.effect_id, state="committed", result='{"ok":1}')
+        before = await q.get_session(org_id, effect.session_id)
+    assert before is not None and before.owner_key_id == "key-a"
+    # Another agent key sending A's very call: refused before the replay, nothing written.
+    again = make_effect(org_id, session_id=effect.session_id, call_signature=effect.call_signature)
+    refused = await store.execute_new(
+        again, None, INTERCEPTED, REPLAY, owner="key-b", owner_only=True
+    )
+    assert refused == ("forbidden", None)
+    other = make_effect(org_id, session_id=effect.session_id)
+    refused = await store.execute_new(
+        other, None, INTERCEPTED, REPLAY, owner="key-b", owner_only=True
+    )
+    assert refused == ("forbidden", None)
+    async with store.reader() as q:
+        assert await q.get_session(org_id, effect.session_id) == before
+        assert await q.get_effect(org_id, other.effect_id) is None
+        events = await q.list_events(org_id, session_id=effect.session_id)
+    assert [e.type for e in events] == ["effect_intercepted"]
+    # An org-wide key (owner_only false) uses it, and does not become its owner.
+    replayed, _ = await store.execute_new(again, None, INTERCEPTED, REPLAY, owner="key-admin")
+    assert replayed == "replayed"
+    assert (await store.execute_new(other, None, INTERCEPTED, REPLAY, owner="key-admin"))[0] == (
+        "inserted"
+    )
+    async with store.reader() as q:
+        after = await q.get_session(org_id, effect.session_id)
+    assert after is not None and after.owner_key_id == "key-a"

@@ -20,6 +20,9 @@ import orjson
 
 from undolog.engine.decide import Action, decide
 from undolog.engine.model import (
+    ORG_WIDE,
+    Actor,
+    Call,
     Decision,
     Outcome,
     SessionView,
@@ -27,6 +30,7 @@ from undolog.engine.model import (
     now_us,
     session_lock_key,
 )
+from undolog.engine.owners import session_refused
 from undolog.engine.registry import DEFAULT_APPROVAL_TIMEOUT_S, Registry
 from undolog.engine.states import (
     REPLAYABLE_STATES,
@@ -138,12 +142,18 @@ class Engine(Registry):
         step_index: int | None = None,
         tool_version: str | None = None,
         mode: str = "proxy",
+        actor: Actor = ORG_WIDE,
     ) -> Decision:
         """Decide what happens to one tool call, durably, before anything runs.
+
+        A session the call creates is recorded as `actor.key_id`'s. An actor held to its own
+        sessions (an `agent` key) is refused a session another key owns, before anything is
+        read or written.
 
         Raises:
             InvalidRequest: a session id that is not a UUID, a bad step, or args that cannot
                 be canonicalised.
+            Forbidden: the session is not the actor's (see `Actor.may_use`).
             ToolNotRegistered, InProgress, EffectInDoubt, SessionClosed, ApprovalRejected,
             ApprovalTimedOut, AdvisoryLockTimeout, Database.
         """
@@ -161,6 +171,15 @@ class Engine(Registry):
             raise InvalidRequest(f"args cannot be canonicalised: {exc}") from None
         tool = await self.get_tool(org_id, tool_name)
         tier = ToolTier(tool.tier)
+        call = Call(org_id, session_id, tool, tier, args, args_json, tool_version, mode, actor)
+        one_call = step_index is not None and self._executes_in_one_call(call)
+        if actor.own_sessions_only and not one_call:
+            # Checked before any read that could replay the session's calls; the store's
+            # one-call path checks it itself, and the locked paths check it again.
+            async with self.store.reader() as q:
+                found, owner = await q.session_owner(org_id, "session", session_id)
+            if found and not actor.may_use(owner):
+                raise session_refused(session_id)
         if tier.is_safe:
             return Decision(
                 Outcome.EXECUTE, str(uuid.uuid4()), step_index, None, tool, logged=False
@@ -168,10 +187,7 @@ class Engine(Registry):
 
         if step_index is not None:
             signature = call_signature(session_id, step_index, tool_name, args)
-            fast = await self._execute_new(
-                org_id, session_id, tool, tier, args_json, step_index, signature, tool_version,
-                mode,
-            )  # fmt: skip
+            fast = await self._execute_new(call, step_index, signature) if one_call else None
             if isinstance(fast, Decision):
                 return fast
             seen = fast
@@ -191,75 +207,59 @@ class Engine(Registry):
                 if seen.state == EffectState.IN_DOUBT:
                     raise EffectInDoubt(seen.effect_id)
             plan = await self._intercept_locked(
-                org_id,
-                session_id,
-                tool,
-                tier,
-                args,
-                args_json,
-                step_index,
-                signature,
-                tool_version,
-                mode,
-                known_absent=seen is None,
+                call, step_index, signature, known_absent=seen is None
             )
         else:
-            plan = await self._intercept_unnumbered(
-                org_id, session_id, tool, tier, args, args_json, tool_version, mode
-            )
+            plan = await self._intercept_unnumbered(call)
         if plan.error is not None:
             raise plan.error
         assert plan.decision is not None
         return plan.decision
 
-    async def _execute_new(
-        self,
-        org_id: str,
-        session_id: str,
-        tool: ToolRecord,
-        tier: ToolTier,
-        args_json: str,
-        step: int,
-        signature: str,
-        tool_version: str | None,
-        mode: str,
-    ) -> Decision | EffectRecord | None:
-        """A new call, or a replay, in one round trip where the store can (`execute_new`).
-
-        Asked only when the decision table says a new call of an active session executes:
-        the store inserts it only in exactly that situation. Returns the Execute or Replay
-        decision, or the effect that has the signature in another state, or None (lock busy,
-        session not active, or no such store): the full path decides.
-        """
-        if not self.store.executes_new_in_one_call:
-            return None
-        now = self._clock()
+    def _executes_in_one_call(self, call: Call) -> bool:
+        """Whether a numbered call goes to the store's one-call path (`_execute_new`): the
+        store can, and the decision table says a new call of an active session executes."""
+        if not self.store.executes_new_in_one_call or call.tier.is_safe:
+            return False
         action = decide(
-            tier=tier,
+            tier=call.tier,
             existing=None,
             session_state=SessionState.ACTIVE,
             approval_status=None,
-            now_us=now,
-            idempotent_upstream=tool.idempotent_upstream,
+            now_us=self._clock(),
+            idempotent_upstream=call.tool.idempotent_upstream,
         )
-        if action is not Action.EXECUTE_NEW:
-            return None
-        effect = self._new_effect(
-            org_id, session_id, tool, args_json, step, signature, tool_version, mode, now,
-            executing=True,
-        )  # fmt: skip
-        replay_payload = self._replayed_payload(tool.name, step)
+        return action is Action.EXECUTE_NEW
+
+    async def _execute_new(
+        self, call: Call, step: int, signature: str
+    ) -> Decision | EffectRecord | None:
+        """A new call, or a replay, in one round trip (`execute_new`); only when
+        `_executes_in_one_call`, since the store inserts it only in exactly that situation.
+
+        Returns the Execute or Replay decision, or the effect that has the signature in
+        another state, or None (lock busy, session not active): the full path decides.
+        Raises `Forbidden` when the session is another key's and the actor is held to its
+        own (the store checks it before anything else).
+        """
+        now = self._clock()
+        effect = self._new_effect(call, step, signature, now, executing=True)
+        replay_payload = self._replayed_payload(call.tool.name, step)
         outcome, existing = await self.store.execute_new(
             effect,
-            self._new_undo_entry(effect, tool),
+            self._new_undo_entry(effect, call.tool),
             ("effect_intercepted", self._intercepted_payload(effect)),
             (_REPLAYABLE, "effect_replayed", replay_payload),
+            owner=call.actor.key_id,
+            owner_only=call.actor.own_sessions_only,
         )
+        if outcome == "forbidden":
+            raise session_refused(call.session_id)
         if outcome == "inserted":
-            return Decision(Outcome.EXECUTE, effect.effect_id, step, signature, tool)
+            return Decision(Outcome.EXECUTE, effect.effect_id, step, signature, call.tool)
         if outcome == "replayed":
             assert existing is not None
-            return self._replay_decision(existing, tool)
+            return self._replay_decision(existing, call.tool)
         return existing
 
     def _in_progress(self, effect: EffectRecord, now: int) -> InProgress:
@@ -299,77 +299,54 @@ class Engine(Registry):
             result_json=effect.result_json,
         )
 
+    @staticmethod
+    async def _touch_session(q: Queries, call: Call, step: int, now: int) -> SessionRecord:
+        """The call's session, created as the actor's if new; `Forbidden` (raised inside the
+        transaction, so the touch is rolled back) when the actor may not use it."""
+        session = await q.touch_session(call.org_id, call.session_id, step, now, call.actor.key_id)
+        if not call.actor.may_use(session.owner_key_id):
+            raise session_refused(call.session_id)
+        return session
+
     async def _intercept_locked(
-        self,
-        org_id: str,
-        session_id: str,
-        tool: ToolRecord,
-        tier: ToolTier,
-        args: Any,
-        args_json: str,
-        step: int,
-        signature: str,
-        tool_version: str | None,
-        mode: str,
-        *,
-        known_absent: bool,
+        self, call: Call, step: int, signature: str, *, known_absent: bool
     ) -> _Plan:
         async with self.store.transaction(lock_key=signature) as q:
             now = self._clock()
-            session = await q.touch_session(org_id, session_id, step, now)
-            existing = None if known_absent else await q.get_effect_by_signature(org_id, signature)
-            return await self._decide_and_apply(
-                q, session, tool, tier, args_json, step, signature, tool_version, mode, existing
+            session = await self._touch_session(q, call, step, now)
+            existing = (
+                None if known_absent else await q.get_effect_by_signature(call.org_id, signature)
             )
+            return await self._decide_and_apply(q, call, session, step, signature, existing)
 
-    async def _intercept_unnumbered(
-        self,
-        org_id: str,
-        session_id: str,
-        tool: ToolRecord,
-        tier: ToolTier,
-        args: Any,
-        args_json: str,
-        tool_version: str | None,
-        mode: str,
-    ) -> _Plan:
+    async def _intercept_unnumbered(self, call: Call) -> _Plan:
         """A call without a step: a retry of an identical call whose answer is owed, or the
         session's next step (see `_UNFINISHED_STATES` and `mark_delivered`)."""
+        org_id, session_id, tool = call.org_id, call.session_id, call.tool
         # A retry of a committed call whose answer was lost replays without a write (and so
         # without the session's lock): a store that cannot write still serves it.
         async with self.store.reader() as q:
             seen = await q.find_unfinished_call(
-                org_id, session_id, tool.name, args_json, _UNFINISHED_STATES, ANSWERED_STATES
+                org_id, session_id, tool.name, call.args_json, _UNFINISHED_STATES, ANSWERED_STATES
             )
         if seen is not None and seen.state in REPLAYABLE_STATES:
             return _Plan(decision=await self._replay(seen, tool))
         async with self.store.transaction(lock_key=session_lock_key(org_id, session_id)) as q:
             now = self._clock()
-            session = await q.touch_session(org_id, session_id, 0, now)
+            session = await self._touch_session(q, call, 0, now)
             match = await q.find_unfinished_call(
-                org_id, session_id, tool.name, args_json, _UNFINISHED_STATES, ANSWERED_STATES
+                org_id, session_id, tool.name, call.args_json, _UNFINISHED_STATES, ANSWERED_STATES
             )
             if match is not None:
                 return await self._decide_and_apply(
-                    q,
-                    session,
-                    tool,
-                    tier,
-                    args_json,
-                    match.step_index,
-                    match.call_signature,
-                    tool_version,
-                    mode,
-                    match,
+                    q, call, session, match.step_index, match.call_signature, match
                 )
             step = session.last_step + 1
             if step > 0xFFFFFFFF:
                 raise InvalidRequest("session has no step indexes left")
-            signature = call_signature(session_id, step, tool.name, args)
+            signature = call_signature(session_id, step, tool.name, call.args)
             existing = await q.get_effect_by_signature(org_id, signature)
-            plan = await self._decide_and_apply(
-                q, session, tool, tier, args_json, step, signature, tool_version, mode, existing
-            )
+            plan = await self._decide_and_apply(q, call, session, step, signature, existing)
             if plan.decision is not None or plan.error is None:
                 await q.update_session(org_id, session_id, now, last_step=step)
             return plan
@@ -377,24 +354,20 @@ class Engine(Registry):
     async def _decide_and_apply(
         self,
         q: Queries,
+        call: Call,
         session: SessionRecord,
-        tool: ToolRecord,
-        tier: ToolTier,
-        args_json: str,
         step: int,
         signature: str,
-        tool_version: str | None,
-        mode: str,
         existing: EffectRecord | None,
     ) -> _Plan:
-        org_id, session_id = session.org_id, session.session_id
+        org_id, session_id, tool = session.org_id, session.session_id, call.tool
         for _ in range(2):  # a second round only after losing an insert race
             approval = None
             if existing is not None and existing.state in _APPROVAL_STATES:
                 approval = await q.get_approval_for_effect(org_id, existing.effect_id)
             now = self._clock()
             action = decide(
-                tier=tier,
+                tier=call.tier,
                 existing=existing,
                 session_state=session.state,
                 approval_status=approval.status if approval else None,
@@ -402,9 +375,7 @@ class Engine(Registry):
                 idempotent_upstream=tool.idempotent_upstream,
             )
             if action in (Action.EXECUTE_NEW, Action.AWAIT_NEW):
-                plan = await self._insert_new(
-                    q, action, session, tool, args_json, step, signature, tool_version, mode, now
-                )
+                plan = await self._insert_new(q, action, call, step, signature, now)
                 if plan is not None:
                     return plan
                 existing = await q.get_effect_by_signature(org_id, signature)
@@ -417,24 +388,12 @@ class Engine(Registry):
         raise DuplicateSignature(signature)
 
     async def _insert_new(
-        self,
-        q: Queries,
-        action: Action,
-        session: SessionRecord,
-        tool: ToolRecord,
-        args_json: str,
-        step: int,
-        signature: str,
-        tool_version: str | None,
-        mode: str,
-        now: int,
+        self, q: Queries, action: Action, call: Call, step: int, signature: str, now: int
     ) -> _Plan | None:
         """Write a new effect (and its undo entry or approval); None if the signature exists."""
         executing = action is Action.EXECUTE_NEW
-        effect = self._new_effect(
-            session.org_id, session.session_id, tool, args_json, step, signature, tool_version,
-            mode, now, executing=executing,
-        )  # fmt: skip
+        tool = call.tool
+        effect = self._new_effect(call, step, signature, now, executing=executing)
         org_id, session_id, effect_id = effect.org_id, effect.session_id, effect.effect_id
         if executing:
             undo = self._new_undo_entry(effect, tool)
@@ -454,7 +413,7 @@ class Engine(Registry):
             effect_id=effect_id,
             session_id=session_id,
             tool_name=tool.name,
-            args_json=args_json,
+            args_json=call.args_json,
             status=ApprovalStatus.PENDING,
             created_us=now,
             timeout_us=now + timeout_s * 1_000_000,
@@ -490,33 +449,22 @@ class Engine(Registry):
         return _Plan(decision=decision)
 
     def _new_effect(
-        self,
-        org_id: str,
-        session_id: str,
-        tool: ToolRecord,
-        args_json: str,
-        step: int,
-        signature: str,
-        tool_version: str | None,
-        mode: str,
-        now: int,
-        *,
-        executing: bool,
+        self, call: Call, step: int, signature: str, now: int, *, executing: bool
     ) -> EffectRecord:
         """A new effect: `executing` under a fresh lease, or awaiting approval."""
         executed = max(self._clock(), now + 1) if executing else None
         return EffectRecord(
             effect_id=str(uuid.uuid4()),
-            org_id=org_id,
-            session_id=session_id,
+            org_id=call.org_id,
+            session_id=call.session_id,
             step_index=step,
-            tool_name=tool.name,
-            tool_version=tool_version or tool.version,
-            tier=tool.tier,
+            tool_name=call.tool.name,
+            tool_version=call.tool_version or call.tool.version,
+            tier=call.tool.tier,
             call_signature=signature,
-            args_json=args_json,
+            args_json=call.args_json,
             state=EffectState.EXECUTING if executing else EffectState.AWAITING_APPROVAL,
-            mode=mode,
+            mode=call.mode,
             attempts=1,
             result_json=None,
             error=None,
@@ -870,6 +818,12 @@ class Engine(Registry):
                 replays[event.effect_id] = replays.get(event.effect_id, 0) + 1
         return SessionView(session, effects, undo, approvals, replays)
 
-    async def list_sessions(self, org_id: str, limit: int = 100) -> list[SessionRecord]:
+    async def list_sessions(
+        self, org_id: str, limit: int = 100, actor: Actor = ORG_WIDE
+    ) -> list[SessionRecord]:
+        """The org's sessions, latest first: only its own for an actor held to them."""
+        owner = actor.key_id if actor.own_sessions_only else None
+        if actor.own_sessions_only and owner is None:
+            return []
         async with self.store.reader() as q:
-            return await q.list_sessions(org_id, limit)
+            return await q.list_sessions(org_id, limit, owner)

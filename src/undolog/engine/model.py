@@ -21,8 +21,12 @@ from undolog.store.records import (
     UndoEntryRecord,
 )
 from undolog_sdk.errors import CompensationRegisteredTooLate
+from undolog_sdk.tier import ToolTier
 
 __all__ = [
+    "ORG_WIDE",
+    "Actor",
+    "Call",
     "Decision",
     "Outcome",
     "SessionView",
@@ -40,6 +44,41 @@ class Outcome(enum.Enum):
     EXECUTE = "Execute"
     REPLAY = "Replay"
     AWAITING_APPROVAL = "AwaitingApproval"
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """Who calls or reads: the API key id a session it creates is recorded under, and whether
+    it is held to the sessions that key owns (an `agent` key) or sees the whole org."""
+
+    key_id: str | None = None
+    own_sessions_only: bool = False
+
+    def may_use(self, owner_key_id: str | None) -> bool:
+        """Whether this actor may see and use a session owned by `owner_key_id` (None: a
+        session from before owners were recorded, for org-wide actors only)."""
+        if not self.own_sessions_only:
+            return True
+        return owner_key_id is not None and owner_key_id == self.key_id
+
+
+# The engine's own callers (sweepers, approvals, the CLI): the whole org, no owner recorded.
+ORG_WIDE = Actor()
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One tool call's inputs, checked, as intercept's steps hand them on."""
+
+    org_id: str
+    session_id: str
+    tool: ToolRecord
+    tier: ToolTier
+    args: Any
+    args_json: str
+    tool_version: str | None
+    mode: str
+    actor: Actor
 
 
 @dataclass(frozen=True, slots=True)

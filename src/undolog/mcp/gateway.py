@@ -76,6 +76,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 import undolog
 from undolog.engine import Decision, Outcome
+from undolog.engine.model import ORG_WIDE, Actor
 from undolog.mcp.config import McpSettings
 from undolog.mcp.upstreams import Capability, GatewayTool, UpstreamPool
 from undolog.proxy.delivery import AnswerWatch, Delivery
@@ -128,6 +129,12 @@ def _recorded_result(result_json: str | None) -> CallToolResult:
         content=[TextContent(type="text", text=orjson.dumps(recorded).decode())],
         is_error=not ok,
     )
+
+
+def _actor(state: dict[str, Any]) -> Actor:
+    """The caller's key as the engine checks it: an agent key uses its own sessions only."""
+    principal = state.get("principal")  # set by the proxy's edge from the key
+    return principal.actor if principal is not None else ORG_WIDE
 
 
 def _refusal(exc: UndoLogError) -> CallToolResult:
@@ -384,7 +391,9 @@ class McpGateway:
         try:
             await self._register(runtime, org_id, tool)
             await runtime.deliveries.settle(org_id, session_id)
-            decision = await runtime.engine.intercept(org_id, session_id, tool.name, args)
+            decision = await runtime.engine.intercept(
+                org_id, session_id, tool.name, args, actor=_actor(state)
+            )
         except InvalidRequest as exc:
             raise MCPError(INVALID_PARAMS, exc.message) from None
         except _ENGINE_FAILURES as exc:

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from undolog.engine.approvals import DecisionResult, ResolvedByPolicy, Verdict
+from undolog.proxy.owners import Owned, hide_unowned
 from undolog.proxy.toolcall import execute_decision
 from undolog.proxy.wire import approval_json, error_response, json_response
 from undolog_sdk.errors import EffectInDoubt, InvalidRequest, UndoLogError
@@ -59,6 +60,7 @@ async def list_approvals(request: Request) -> Response:
 async def get_approval(id: str, request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     try:
+        await hide_unowned(request, Owned.APPROVAL, id)
         record = await runtime.approvals.get(request.state.org_id, id)
     except UndoLogError as exc:
         return error_response(request.state.request_id, exc)

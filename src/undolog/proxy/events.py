@@ -30,6 +30,7 @@ from starlette.responses import Response
 
 from undolog.proxy.inputs import event_id
 from undolog.proxy.metrics import ProxyMetrics
+from undolog.proxy.owners import EventFilter, actor
 from undolog.proxy.wire import error_body, error_response, iso, json_response
 from undolog.store import EventRecord, Store
 from undolog_sdk.errors import InvalidRequest
@@ -218,6 +219,7 @@ async def events(request: Request) -> Response:
             429,
         )
     upto = broker.hwm  # the replay goes to here; the queue has everything after it
+    seen_by = EventFilter(runtime.store, org_id, actor(request))  # an agent: its sessions'
 
     async def stream() -> AsyncIterator[bytes]:
         try:
@@ -233,14 +235,16 @@ async def events(request: Request) -> Response:
                     if not page:
                         break
                     for event in page:
-                        yield _sse(event)
+                        if await seen_by.delivers(event):
+                            yield _sse(event)
                     cursor = page[-1].event_id
             while True:
                 event = await sub.queue.get()
                 if event.event_id <= last:
                     continue
                 last = event.event_id
-                yield _sse(event)
+                if await seen_by.delivers(event):
+                    yield _sse(event)
         finally:
             broker.unsubscribe(sub)
 

@@ -6,7 +6,8 @@ table is for `admin` keys only, so a route added without a line here is closed, 
 
 - `agent`: tool calls (`/mcp/tool_call`, `/mcp`), the reads the SDK and an agent need, its
   sessions' rollback and complete, SDK commit/fail, and the claim/complete/fail of SDK
-  compensations. Never an approval, a tool registration, a resolve.
+  compensations. Never an approval, a tool registration, a resolve. Only its own sessions
+  (the ones its calls created), and what belongs to them: see `owners.py`.
 - `approver`: approve and reject, every read, the dashboard.
 - `admin`: everything.
 """
@@ -17,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from undolog.engine.keys import Role
+from undolog.engine.model import Actor
 
 __all__ = ["PERMISSIONS", "Principal", "allowed", "route_roles"]
 
@@ -29,6 +31,12 @@ class Principal:
     key_id: str
     key_name: str
     role: Role
+
+    @property
+    def actor(self) -> Actor:
+        """What the engine checks: an `agent` key is held to the sessions it created
+        (`undolog.engine.owners`); approver and admin keys see the whole org."""
+        return Actor(self.key_id, own_sessions_only=self.role is Role.AGENT)
 
     @property
     def decider(self) -> str:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from undolog.proxy.inputs import scrubbed, storable
+from undolog.proxy.owners import Owned, actor, hide_unowned
 from undolog.proxy.wire import (
     JSONDecodeError,
     approval_json,
@@ -157,6 +158,7 @@ async def commit_effect(id: str, request: Request) -> Response:
         data = await _json_object(request)
         if "result" not in data:
             raise InvalidRequest("missing result")
+        await hide_unowned(request, Owned.EFFECT, id)
         effect = await runtime.engine.commit(request.state.org_id, id, _result_json(data["result"]))
     except UndoLogError as exc:
         return error_response(request.state.request_id, exc)
@@ -173,6 +175,7 @@ async def fail_effect(id: str, request: Request) -> Response:
         if not isinstance(error, str):
             raise InvalidRequest("error must be a string")
         # Scrubbed, not refused: refusing would leave a failed run unrecorded.
+        await hide_unowned(request, Owned.EFFECT, id)
         effect = await runtime.engine.fail(request.state.org_id, id, scrubbed(error))
     except UndoLogError as exc:
         return error_response(request.state.request_id, exc)
@@ -211,6 +214,7 @@ async def resolve_effect(id: str, request: Request) -> Response:
 @router.get("/effects/{id}")
 async def get_effect(id: str, request: Request) -> Response:
     try:
+        await hide_unowned(request, Owned.EFFECT, id)
         effect = await _runtime(request).engine.get_effect(request.state.org_id, id)
     except UndoLogError as exc:
         return error_response(request.state.request_id, exc)
@@ -220,7 +224,9 @@ async def get_effect(id: str, request: Request) -> Response:
 @router.get("/sessions")
 async def list_sessions(request: Request, limit: int = 100) -> Response:
     limit = limit if 1 <= limit <= 500 else 100
-    sessions = await _runtime(request).engine.list_sessions(request.state.org_id, limit)
+    sessions = await _runtime(request).engine.list_sessions(
+        request.state.org_id, limit, actor(request)
+    )
     return json_response([session_json(s) for s in sessions])
 
 
@@ -228,6 +234,7 @@ async def list_sessions(request: Request, limit: int = 100) -> Response:
 async def get_session(id: str, request: Request) -> Response:
     """A session with its effects in step order, its undo stack (top first), its approvals."""
     try:
+        await hide_unowned(request, Owned.SESSION, id)
         view = await _runtime(request).engine.session_view(request.state.org_id, id)
     except UndoLogError as exc:
         return error_response(request.state.request_id, exc)

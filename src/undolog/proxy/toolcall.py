@@ -16,11 +16,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from undolog.engine import Decision, Outcome
+from undolog.engine.model import Actor
 from undolog.engine.states import REPLAYABLE_STATES
 from undolog.faults import crash_point
 from undolog.proxy.delivery import AnswerWatch, WatchedResponse
 from undolog.proxy.executor import ToolTransportError, ToolUnreachable
 from undolog.proxy.inputs import storable
+from undolog.proxy.owners import actor
 from undolog.proxy.wire import (
     JSON_TYPE,
     JSONDecodeError,
@@ -134,7 +136,7 @@ async def tool_call(request: Request) -> Response:
         return error_response(request_id, exc)
     mode = request.headers.get(_MODE_HEADER) or data.get("mode", "proxy")
     if data.get("step_index") is not None or mode != "proxy":
-        response, _ = await _answer(runtime, request_id, org_id, data, mode)
+        response, _ = await _answer(runtime, request_id, org_id, data, mode, actor(request))
         return response
     # A step-less call the proxy runs: its answer is watched, so that the engine can tell a
     # retry (the answer was lost) from a repeat (see `undolog.proxy.delivery`).
@@ -142,7 +144,7 @@ async def tool_call(request: Request) -> Response:
     watch = AnswerWatch(request.receive)
     try:
         await runtime.deliveries.settle(org_id, session_id)
-        response, answered = await _answer(runtime, request_id, org_id, data, mode)
+        response, answered = await _answer(runtime, request_id, org_id, data, mode, actor(request))
     except BaseException:
         await watch.close()
         raise
@@ -153,7 +155,7 @@ async def tool_call(request: Request) -> Response:
 
 
 async def _answer(
-    runtime: Runtime, request_id: str, org_id: str, data: dict[str, Any], mode: str
+    runtime: Runtime, request_id: str, org_id: str, data: dict[str, Any], mode: str, who: Actor
 ) -> tuple[Response, Decision | None]:
     """The call's answer, and the decision when the answer ends the call (ran or replayed)."""
     session_id: str = data["session_id"]
@@ -173,6 +175,7 @@ async def _answer(
                 step_index=data.get("step_index"),
                 tool_version=data.get("tool_version"),
                 mode=mode,
+                actor=who,
             ),
         )
     except _ENGINE_FAILURES as exc:

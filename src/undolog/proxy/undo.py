@@ -23,6 +23,7 @@ from undolog.engine.saga import Claim, RollbackStatus
 from undolog.faults import crash_point
 from undolog.proxy.executor import ToolResult, ToolTransportError, ToolUnreachable
 from undolog.proxy.inputs import scrubbed, storable
+from undolog.proxy.owners import Owned, hide_unowned
 from undolog.proxy.wire import error_body, error_response, json_response, undo_entry_json
 from undolog.store.records import UndoEntryRecord
 from undolog_sdk.errors import (
@@ -173,6 +174,7 @@ async def rollback_session(id: str, request: Request) -> Response:
     org_id: str = request.state.org_id
     request_id: str = request.state.request_id
     try:
+        await hide_unowned(request, Owned.SESSION, id)
         status, error = await run_rollback(runtime, org_id, id, request_id)
         body = await _rollback_body(runtime, org_id, id)
     except UndoLogError as exc:
@@ -213,6 +215,7 @@ async def rollback_session(id: str, request: Request) -> Response:
 async def complete_session(id: str, request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     try:
+        await hide_unowned(request, Owned.SESSION, id)
         session = await runtime.saga.complete_session(request.state.org_id, id)
     except UndoLogError as exc:
         return error_response(request.state.request_id, exc)
@@ -263,6 +266,7 @@ async def claim_entry(entry: str, request: Request) -> Response:
     """The SDK claims the entry it was handed; the answer carries what to call it with."""
     runtime: Runtime = request.app.state.runtime
     try:
+        await hide_unowned(request, Owned.UNDO_ENTRY, entry)
         claim = await runtime.saga.claim_entry(request.state.org_id, entry, "sdk")
     except UndoLogError as exc:
         return error_response(request.state.request_id, exc)
@@ -279,6 +283,7 @@ async def _entry_answer(
     """Run one undo-entry operation for the caller's org; the entry, or the error body."""
     runtime: Runtime = request.app.state.runtime
     try:
+        await hide_unowned(request, Owned.UNDO_ENTRY, request.path_params["entry"])
         entry = await action(runtime, request.state.org_id)
     except UndoLogError as exc:
         return error_response(request.state.request_id, exc)

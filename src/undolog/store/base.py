@@ -33,7 +33,8 @@ __all__ = ["EFFECT_COLUMNS", "ExecuteNew", "Queries", "Store", "load_migrations"
 
 # What `Store.execute_new` did: wrote the new call, or replayed it, or found its signature
 # taken, its lock busy or its session not active (the engine takes its full path).
-ExecuteNew = Literal["inserted", "replayed", "exists", "busy", "closed"]
+# "forbidden": the session is another key's and the caller may use only its own.
+ExecuteNew = Literal["inserted", "replayed", "exists", "busy", "closed", "forbidden"]
 
 EFFECT_COLUMNS = (
     "effect_id, org_id, session_id, step_index, tool_name, tool_version, tier, call_signature, "
@@ -54,7 +55,14 @@ _TOOL_COLUMNS = (
 )
 _KEY_COLUMNS = "key_id, key_hash, org_id, name, role, source, created_us, last_used_us, revoked_us"
 _ORG_COLUMNS = "org_id, name, approval_timeout_s, auto_approve_on_timeout, created_us"
-_SESSION_COLUMNS = "org_id, session_id, state, last_step, created_us, updated_us"
+_SESSION_COLUMNS = "org_id, session_id, state, last_step, created_us, updated_us, owner_key_id"
+# What an id can name, for `Queries.session_owner`: its table and id column.
+_OWNED_BY_SESSION = {
+    "session": ("sessions", "session_id"),
+    "effect": ("effects", "effect_id"),
+    "approval": ("approvals", "approval_id"),
+    "undo_entry": ("undo_entries", "entry_id"),
+}
 _EVENT_COLUMNS = "event_id, org_id, type, session_id, effect_id, payload, created_us"
 
 _EFFECT_FIELDS = frozenset(
@@ -324,11 +332,12 @@ class Queries(abc.ABC):
         return _session(row) if row else None
 
     async def touch_session(
-        self, org_id: str, session_id: str, step: int, now_us: int
+        self, org_id: str, session_id: str, step: int, now_us: int, owner: str | None = None
     ) -> SessionRecord:
-        """Create the session if it is new (active), note `step` as seen; return it."""
+        """Create the session if it is new (active, owned by the key id `owner`), note `step`
+        as seen; return it. An existing session keeps its owner."""
         row = await self._fetchrow(
-            f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, 'active', ?, ?, ?) "
+            f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, 'active', ?, ?, ?, ?) "
             "ON CONFLICT (org_id, session_id) DO UPDATE SET "
             "last_step = CASE WHEN excluded.last_step > sessions.last_step "
             "THEN excluded.last_step ELSE sessions.last_step END, "
@@ -338,6 +347,7 @@ class Queries(abc.ABC):
             step,
             now_us,
             now_us,
+            owner,
         )
         assert row is not None
         return _session(row)
@@ -363,14 +373,35 @@ class Queries(abc.ABC):
             session_id,
         )
 
-    async def list_sessions(self, org_id: str, limit: int = 100) -> list[SessionRecord]:
+    async def list_sessions(
+        self, org_id: str, limit: int = 100, owner: str | None = None
+    ) -> list[SessionRecord]:
+        """The org's sessions, latest first; with `owner`, only those that key id owns."""
+        where, args = "org_id = ?", [org_id]
+        if owner is not None:
+            where, args = "org_id = ? AND owner_key_id = ?", [org_id, owner]
         rows = await self._fetch(
-            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE org_id = ? "
+            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE {where} "
             "ORDER BY updated_us DESC, session_id LIMIT ?",
-            org_id,
+            *args,
             limit,
         )
         return [_session(r) for r in rows]
+
+    async def session_owner(self, org_id: str, kind: str, id_: str) -> tuple[bool, str | None]:
+        """Whether the org has a `kind` (session, effect, approval, undo_entry) with this id,
+        and the owner key id of the session it belongs to (None: a session without owner)."""
+        table, column = _OWNED_BY_SESSION[kind]
+        if table == "sessions":
+            sql = "SELECT owner_key_id FROM sessions WHERE org_id = ? AND session_id = ?"
+        else:
+            sql = (
+                f"SELECT s.owner_key_id FROM {table} x LEFT JOIN sessions s "
+                "ON s.org_id = x.org_id AND s.session_id = x.session_id "
+                f"WHERE x.org_id = ? AND x.{column} = ?"
+            )
+        row = await self._fetchrow(sql, org_id, id_)
+        return (False, None) if row is None else (True, row[0])
 
     # -- effects -----------------------------------------------------------------------------
 
@@ -864,8 +895,15 @@ class Store(abc.ABC):
         undo: UndoEntryRecord | None,
         event: tuple[str, str],
         replay: tuple[Collection[str], str, str],
+        *,
+        owner: str | None = None,
+        owner_only: bool = False,
     ) -> tuple[ExecuteNew, EffectRecord | None]:
         """Intercept a new call in one round trip, where `executes_new_in_one_call`.
+
+        First of all, with `owner_only`, a session that exists and is not `owner`'s (or has
+        no owner) answers "forbidden" with nothing read or written. A session it creates is
+        recorded as `owner`'s.
 
         If an effect has the signature: "replayed" when it is in one of `replay`'s states
         (and `replay`'s event, a type and a payload, is written), else "exists"; both return

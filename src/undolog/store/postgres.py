@@ -152,20 +152,23 @@ class _PostgresQueries(Queries):
         undo: UndoEntryRecord | None,
         event: tuple[str, str],
         replay: tuple[Collection[str], str, str],
+        owner: str | None,
+        owner_only: bool,
     ) -> tuple[ExecuteNew, EffectRecord | None]:
-        """`PostgresStore.execute_new`: one call of `undolog_execute_new` (migrations 4, 7)."""
+        """`PostgresStore.execute_new`: one call of `undolog_execute_new` (migrations 4, 7, 9)."""
         e, u = effect, undo
         replay_states, replay_type, replay_payload = replay
         row = await self._conn.fetchrow(
             "SELECT * FROM undolog_execute_new($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, "
             "$12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, "
-            "$28, $29, $30)",
+            "$28, $29, $30, $31, $32)",
             advisory_key(e.call_signature), e.effect_id, e.org_id, e.session_id, e.step_index,
             e.tool_name, e.tool_version, e.tier, e.call_signature, e.args_json, e.state, e.mode,
             e.attempts, e.lease_expires_us, e.executed_us, e.created_us, *event,
             u and u.entry_id, u and u.fn_name, u and u.fn_version, u and u.args_json,
             u and u.max_retries, u and u.retry_backoff_ms, u and u.registered_us,
             u and u.state, u and u.runner, list(replay_states), replay_type, replay_payload,
+            owner, owner_only,
         )  # fmt: skip
         assert row is not None
         outcome: ExecuteNew = row[0]
@@ -282,12 +285,15 @@ class PostgresStore(Store):
         undo: UndoEntryRecord | None,
         event: tuple[str, str],
         replay: tuple[Collection[str], str, str],
+        *,
+        owner: str | None = None,
+        owner_only: bool = False,
     ) -> tuple[ExecuteNew, EffectRecord | None]:
         # In autocommit: the call is its own transaction, so the advisory lock it takes is
         # released when it returns.
         async with self.reader() as q:
             assert isinstance(q, _PostgresQueries)
-            return await q.execute_new(effect, undo, event, replay)
+            return await q.execute_new(effect, undo, event, replay, owner, owner_only)
 
     async def listen(self, channel: str, callback: Callable[[], None]) -> Callable[[], Any]:
         """LISTEN on a dedicated connection; `callback` runs on every notification."""

@@ -66,6 +66,8 @@ class SessionRecord:
     last_step: int  # highest step index seen; an unnumbered call takes last_step + 1
     created_us: int
     updated_us: int
+    # The id of the API key whose call created it (None: created before owners were kept).
+    owner_key_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
