@@ -26,7 +26,7 @@ from undolog_sdk.errors import UndoLogError
 
 if TYPE_CHECKING:
     from undolog.engine import Decision
-    from undolog.proxy.app import Runtime
+    from undolog.services.runtime import Runtime
 
 __all__ = ["SPOOL_FILE", "HeldResults"]
 

@@ -24,7 +24,7 @@ from undolog_sdk.errors import UndoLogError
 
 if TYPE_CHECKING:
     from undolog.engine import Engine
-    from undolog.proxy.app import Runtime
+    from undolog.services.runtime import Runtime
 
 __all__ = ["LeaseKeeper", "sweep_leases_forever"]
 
