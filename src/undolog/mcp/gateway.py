@@ -72,7 +72,6 @@ from mcp_types import (
     PaginatedRequestParams,
     ReadResourceRequestParams,
     ReadResourceResult,
-    TextContent,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -80,6 +79,7 @@ import undolog
 from undolog.engine import Decision
 from undolog.logs import internal_error_message
 from undolog.mcp.config import McpSettings
+from undolog.mcp.results import awaiting, awaiting_text, recorded_result, refusal, with_meta
 from undolog.mcp.upstreams import Capability, GatewayTool, UpstreamPool
 from undolog.services.calls import Call, CallOutcome, CallStatus, refused, run_call
 from undolog.services.delivery import AnswerWatch, Delivery
@@ -100,74 +100,8 @@ __all__ = ["SESSION_HEADER", "SESSION_META_KEY", "McpGateway"]
 SESSION_HEADER = "x-undolog-session-id"
 APPROVAL_INPUT = "undolog_approval"  # the key of our request in an `input_required` result
 SESSION_META_KEY = "undolog/session_id"
-META_KEY = "undolog"  # the key of `_meta` on our results: effect, step, approval, error
 
 ANSWERS_KEY = "undolog_answers"  # scope state: the answers this request carries (Delivery)
-
-
-def _text_result(text: str, meta: dict[str, Any], *, is_error: bool) -> CallToolResult:
-    return CallToolResult(
-        content=[TextContent(type="text", text=text)],
-        is_error=is_error,
-        _meta={META_KEY: meta},
-    )
-
-
-def _recorded_result(result_json: str | None) -> CallToolResult:
-    """A recorded ToolResult (`{"success", "output", "error"}`) as the MCP result it was."""
-    recorded = orjson.loads(result_json) if result_json else None
-    output = recorded.get("output") if isinstance(recorded, dict) else None
-    if isinstance(output, dict) and "content" in output:
-        return CallToolResult.model_validate(output)
-    # Recorded by someone else (an operator resolving an in-doubt call): show it as text.
-    ok = bool(recorded.get("success", True)) if isinstance(recorded, dict) else True
-    return CallToolResult(
-        content=[TextContent(type="text", text=orjson.dumps(recorded).decode())],
-        is_error=not ok,
-    )
-
-
-def _refusal(exc: UndoLogError) -> CallToolResult:
-    """The call did not give a result: refused by UndoLog, or the upstream was not reached."""
-    return _text_result(
-        f"{exc.message} (UndoLog: {exc.code})",
-        {"error": {"code": exc.code, "message": exc.message, **exc.fields()}},
-        is_error=True,
-    )
-
-
-def _awaiting_text(decision: Decision, retry_after: int) -> str:
-    approval_id = decision.approval_id
-    return (
-        f"'{decision.tool.name}' cannot be undone, so it waits for a person to approve it "
-        f"(approval {approval_id}; POST /approvals/{approval_id}/approve or "
-        f"`undolog approvals approve {approval_id}`). It has not run. Once it is approved, call "
-        "the tool again with the same arguments in the same session: that call returns its "
-        f"result. Retry after {retry_after}s or later."
-    )
-
-
-def _awaiting(decision: Decision, retry_after: int) -> CallToolResult:
-    approval_id = decision.approval_id
-    text = _awaiting_text(decision, retry_after)
-    meta = {
-        "status": "pending_approval",
-        "approval_id": approval_id,
-        "effect_id": decision.effect_id,
-        "step_index": decision.step_index,
-        "retry_after": retry_after,
-    }
-    return _text_result(text, meta, is_error=True)
-
-
-def _with_meta(result: CallToolResult, decision: Decision, status: str) -> CallToolResult:
-    meta = dict(result.meta or {})
-    meta[META_KEY] = {
-        "status": status,
-        "effect_id": decision.effect_id,
-        "step_index": decision.step_index,
-    }
-    return result.model_copy(update={"meta": meta})
 
 
 def _can_open_urls(ctx: ServerRequestContext[Any]) -> bool:
@@ -400,7 +334,7 @@ class McpGateway:
         if tool is None:
             down = self.pool.unavailable(params.name)  # probably a real tool: nothing is recorded
             if down is not None:
-                return _refusal(ToolError(down))
+                return refusal(ToolError(down))
             raise MCPError(INVALID_PARAMS, f"Unknown tool: {params.name}")
         args = params.arguments or {}
         session_id = self._session_id(ctx, ctx.request)
@@ -409,7 +343,7 @@ class McpGateway:
                 try:
                     return await self.pool.call_upstream(tool.name, args)
                 except ToolTransportError as exc:
-                    return _refusal(ToolError(str(exc)))
+                    return refusal(ToolError(str(exc)))
             raise MCPError(
                 INVALID_PARAMS,
                 f"'{tool.name}' is recorded by UndoLog and needs a session: send the header "
@@ -439,21 +373,21 @@ class McpGateway:
         if outcome.status is CallStatus.REFUSED and isinstance(error, InvalidRequest):
             raise MCPError(INVALID_PARAMS, error.message)
         if error is not None:  # refused by UndoLog, or the upstream gave no result
-            return _refusal(error)
+            return refusal(error)
         decision = outcome.decision
         assert decision is not None
         runtime = self._runtime
         retry_after = runtime.retry_after_seconds if runtime is not None else 0
         if outcome.status is CallStatus.REPLAYED:
-            return _with_meta(_recorded_result(outcome.result_json), decision, "replayed")
+            return with_meta(recorded_result(outcome.result_json), decision, "replayed")
         if outcome.status is CallStatus.PENDING_APPROVAL:
             # A client that has already answered our request is not asked again: it gets the
             # plain answer, and retries when it sees fit.
             if params.input_responses is None and _can_open_urls(ctx):
                 return self._input_required(decision, ctx.request, retry_after)
-            return _awaiting(decision, retry_after)
+            return awaiting(decision, retry_after)
         status = "executed" if decision.logged else "passed_through"  # SAFE: not recorded
-        return _with_meta(_recorded_result(outcome.result_json), decision, status)
+        return with_meta(recorded_result(outcome.result_json), decision, status)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -471,7 +405,7 @@ class McpGateway:
         assert decision.approval_id is not None
         url = self._approval_url(decision.approval_id, request)
         ask = ElicitRequestURLParams(
-            message=_awaiting_text(decision, retry_after) + f" Approve it at {url}",
+            message=awaiting_text(decision, retry_after) + f" Approve it at {url}",
             url=url,
         )
         return InputRequiredResult(input_requests={APPROVAL_INPUT: ElicitRequest(params=ask)})
