@@ -30,10 +30,9 @@ from undolog.proxy.ui_auth import SessionTokens, UiSessions
 from undolog.proxy.ui_auth import router as ui_auth_router
 from undolog.proxy.undo import router as undo_router
 from undolog.proxy.wire import error_body, json_response
-from undolog.services.calls import sweep_approvals_forever
-from undolog.services.lease import sweep_leases_forever
 from undolog.services.metrics import ProxyMetrics
 from undolog.services.runtime import Runtime, open_runtime
+from undolog.services.sweeps import sweep_approvals_forever, sweep_leases_forever
 from undolog.store.records import KeyRecord
 from undolog.ui import mount_ui
 from undolog_sdk.errors import UndoLogError

@@ -4,8 +4,7 @@
 which the REST proxy (`undolog.proxy.toolcall`) and the MCP gateway (`undolog.mcp.gateway`)
 each render in their own protocol. `execute_decision` runs an Execute decision upstream and
 commits it (with retries, holding the result if the store stays down); approvals use it through
-`run_approved`, and `sweep_approvals_forever` times out (or auto-approves and runs) expired
-approvals.
+`run_approved`.
 """
 
 from __future__ import annotations
@@ -49,7 +48,6 @@ __all__ = [
     "refused",
     "run_approved",
     "run_call",
-    "sweep_approvals_forever",
 ]
 
 T = TypeVar("T")
@@ -272,7 +270,7 @@ async def _run_and_settle(
         )
     except UndoLogError as exc:
         if exc.retryable:  # the store is unavailable: hold the result, never drop it
-            await runtime.held.hold(runtime, decision, result_json, result.success, log)
+            await runtime.held.hold(decision, result_json, result.success, log)
             return Execution(result_json, None, commit_pending=True)
         recorded = await _recorded_result(runtime, org_id, effect_id)
         if recorded is not None:  # another run of this effect committed first: its result
@@ -326,35 +324,3 @@ async def run_approved(
     return await execute_decision(
         runtime, result.run, orjson.loads(effect.args_json), effect.session_id, request_id, log
     )
-
-
-async def sweep_approvals_forever(runtime: Runtime, interval_seconds: float) -> None:
-    """Time out expired approvals (or auto-approve and run them), until cancelled.
-
-    No error ends the loop: a sweeper that died would leave every later approval pending
-    forever. One failed run does not keep the others of its round from running.
-    """
-    while True:
-        try:
-            results = await runtime.approvals.sweep()
-        except UndoLogError as exc:  # the store is down: try again next round
-            runtime.log.warning("approval_sweep_failed", error=exc.message)
-            results = []
-        except Exception:
-            runtime.log.exception("approval_sweep_failed")
-            results = []
-        for result in results:
-            approval = result.approval
-            runtime.log.info(
-                "approval_swept",
-                org_id=approval.org_id,
-                approval_id=approval.approval_id,
-                status=approval.status,
-            )
-            if result.run is None:
-                continue
-            try:
-                await run_approved(runtime, result, f"sweep-{approval.approval_id}")
-            except Exception:
-                runtime.log.exception("approval_run_failed", approval_id=approval.approval_id)
-        await asyncio.sleep(interval_seconds)

@@ -127,6 +127,7 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
             upstream_timeout_seconds=settings.upstream_timeout_seconds,
         )
     proxy_metrics = metrics or ProxyMetrics.create()
+    leases = LeaseKeeper(engine, settings.lease_seconds)
     return Runtime(
         store=store,
         engine=engine,
@@ -136,8 +137,14 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
         executor=executor,
         metrics=proxy_metrics,
         deliveries=Deliveries(engine),
-        leases=LeaseKeeper(engine, settings.lease_seconds),
-        held=HeldResults(settings.spool_dir),
+        leases=leases,
+        held=HeldResults(
+            settings.spool_dir,
+            engine=engine,
+            leases=leases,
+            metrics=proxy_metrics,
+            backoff_ms=settings.commit_retry_backoff_ms,
+        ),
         retry_after_seconds=settings.retry_after_seconds,
         commit_retry_attempts=max(1, settings.commit_retry_attempts),
         commit_retry_backoff_ms=settings.commit_retry_backoff_ms,
