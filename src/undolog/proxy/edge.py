@@ -273,8 +273,8 @@ class Edge:
             if problem is not None:
                 raise InvalidRequest(problem)
         except UndoLogError as exc:
-            # `send` is the wrapper that adds the X-Request-Id header: not a second one here.
-            await _send_error(send, exc, request_id)
+            # The app's one mapping (`send` is the wrapper that adds the X-Request-Id header).
+            await answer_error(request_id, exc, path)(scope, receive, send)
             return
         fast = self.fast_routes.get((scope["method"], path))
         if fast is None:
