@@ -16,13 +16,13 @@ answer to the client — what kill -9 leaves, at a known line. Never set it in p
 Points (where they are called):
 
 - `after_intent`: the effect is durably `executing`, the upstream not yet called
-  (`undolog.proxy.toolcall.execute_decision`).
+  (`undolog.services.calls.execute_decision`).
 - `during_upstream`: the request was sent and the upstream's answer has started to arrive,
-  but its body is not read (`undolog.proxy.executor.ToolExecutor.call`; also compensations).
+  but its body is not read (`undolog.services.executor.ToolExecutor.call`; also compensations).
 - `after_answer`: the answer is read, the outcome not recorded (`execute_decision`).
 - `after_commit`: the result is committed, the reply not yet sent (`execute_decision`).
 - `mid_rollback`: a compensation was run on the upstream, its outcome not yet recorded
-  (`undolog.proxy.undo`).
+  (`undolog.services.rollback`).
 """
 
 from __future__ import annotations

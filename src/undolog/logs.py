@@ -9,7 +9,7 @@ import logging
 
 import structlog
 
-__all__ = ["configure_logging"]
+__all__ = ["configure_logging", "internal_error_message"]
 
 
 def configure_logging(level: str = "info") -> None:
@@ -25,3 +25,9 @@ def configure_logging(level: str = "info") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         cache_logger_on_first_use=True,
     )
+
+
+def internal_error_message(request_id: str) -> str:
+    """What a client is told about a bug, by any front end: a fixed text and the request id
+    that finds the details in the log; never the exception, whose text may carry internals."""
+    return f"internal error: the proxy logged the details under request id {request_id}"

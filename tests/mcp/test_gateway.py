@@ -7,7 +7,13 @@ import uuid
 import httpx
 import pytest
 from mcp import MCPError
-from mcp_types import INVALID_PARAMS, INVALID_REQUEST, ElicitRequestURLParams, ElicitResult
+from mcp_types import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    ElicitRequestURLParams,
+    ElicitResult,
+)
 
 from tests.mcp.conftest import Gateway
 
@@ -101,6 +107,30 @@ async def test_an_unknown_tool_is_a_protocol_error(gateway: Gateway, session_id:
         with pytest.raises(MCPError) as caught:
             await client.call_tool("memory.no_such_tool", {})
     assert caught.value.error.code == INVALID_PARAMS
+
+
+async def test_a_bug_in_a_tool_call_answers_a_generic_error_not_the_python_text(
+    gateway: Gateway, era: str, session_id: str
+) -> None:
+    """The MCP front end's one mapping: an unexpected exception becomes `-32603` with a fixed
+    message naming the request id (the details go to the log), never the exception's text."""
+    engine = gateway.server.app.fastapi.state.runtime.engine  # type: ignore[attr-defined]
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("secret internals at 0xdeadbeef")
+
+    engine.intercept = broken
+    try:
+        async with gateway.client(session_id, era=era) as client:
+            with pytest.raises(MCPError) as caught:
+                await client.call_tool("memory.create_entities", {"entities": [_entity("y")]})
+    finally:
+        del engine.intercept
+    assert caught.value.error.code == INTERNAL_ERROR
+    message = caught.value.error.message
+    assert "secret" not in message and "RuntimeError" not in message
+    assert "request id" in message
+    assert gateway.entities() == []
 
 
 def test_mcp_needs_the_api_key(gateway: Gateway) -> None:

@@ -212,6 +212,27 @@ def test_a_config_compensation_integer_out_of_range_is_refused_at_load(
 # -- unexpected errors ----------------------------------------------------------------------------
 
 
+def test_a_route_that_raises_an_undolog_error_answers_its_error_body(
+    proxy: ProxyHarness,
+) -> None:
+    """Routes raise; the app's one handler answers with the code, fields and Retry-After."""
+    from undolog_sdk.errors import InProgress
+
+    app = proxy.server.app.fastapi  # type: ignore[union-attr]
+
+    async def busy() -> None:
+        raise InProgress("effect-1", 7)
+
+    app.add_api_route("/test-only/busy", busy, methods=["GET"])
+    with proxy.client() as c:
+        answer = c.get("/test-only/busy")
+    assert answer.status_code == 409
+    assert answer.headers["Retry-After"] == "7"
+    body = answer.json()
+    assert (body["code"], body["effect_id"], body["retry_after"]) == ("in_progress", "effect-1", 7)
+    assert body["request_id"] == answer.headers["X-Request-Id"]
+
+
 def test_an_unexpected_error_sends_a_fixed_message_not_the_python_repr(
     proxy: ProxyHarness,
 ) -> None:

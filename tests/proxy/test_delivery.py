@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from undolog.engine import Engine, Outcome
-from undolog.proxy.delivery import Deliveries
+from undolog.services.delivery import Deliveries
 from undolog.store import Store, open_store
 
 ARGS = {"to": "ada@example.com"}

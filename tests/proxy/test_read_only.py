@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import _pg_admin_url
 from tests.proxy.conftest import METRICS_AUTH, ProxyHarness
 from tests.support.servers import wait_until
-from undolog.proxy.held import SPOOL_FILE
+from undolog.services.held import SPOOL_FILE
 
 TOOL_CALL = "/mcp/tool_call"
 

@@ -27,7 +27,7 @@ An MCP client never sends a step, so the engine assigns one: a call identical (s
 arguments) to an earlier call of the session whose answer this client has not received (still
 running, awaiting approval, or sent when the client had gone) is a retry of it; any other call
 takes the session's next step. The gateway tells the engine which answers went out
-(`undolog.proxy.delivery`): a retry after an approval returns the approved run's result, a write
+(`undolog.services.delivery`): a retry after an approval returns the approved run's result, a write
 whose answer was lost is not run twice, and a deliberate repeat runs again.
 
 Resources and prompts have no side effects, so they pass through and nothing is recorded:
@@ -42,12 +42,14 @@ served.
 from __future__ import annotations
 
 import contextlib
+import functools
 import uuid
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import orjson
+import structlog
 from mcp import MCPError
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
@@ -70,25 +72,21 @@ from mcp_types import (
     PaginatedRequestParams,
     ReadResourceRequestParams,
     ReadResourceResult,
-    TextContent,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 import undolog
-from undolog.engine import Decision, Outcome
+from undolog.engine import Decision
 from undolog.engine.model import ORG_WIDE, Actor
+from undolog.logs import internal_error_message
 from undolog.mcp.config import McpSettings
+from undolog.mcp.results import awaiting, awaiting_text, recorded_result, refusal, with_meta
 from undolog.mcp.upstreams import Capability, GatewayTool, UpstreamPool
-from undolog.proxy.delivery import AnswerWatch, Delivery
-from undolog.proxy.executor import ToolTransportError
-from undolog.proxy.toolcall import execute_decision
+from undolog.services.calls import Call, CallOutcome, CallStatus, refused, run_call
+from undolog.services.delivery import AnswerWatch, Delivery
+from undolog.services.executor import ToolTransportError
 from undolog_sdk.errors import (
-    AdvisoryLockTimeout,
-    Database,
-    DuplicateSignature,
-    Internal,
     InvalidRequest,
-    Serialization,
     ToolError,
     ToolNotRegistered,
     UndoLogError,
@@ -96,88 +94,15 @@ from undolog_sdk.errors import (
 from undolog_sdk.signature import canonical_json
 
 if TYPE_CHECKING:
-    from undolog.proxy.app import Runtime
+    from undolog.services.runtime import Runtime
 
 __all__ = ["SESSION_HEADER", "SESSION_META_KEY", "McpGateway"]
 
 SESSION_HEADER = "x-undolog-session-id"
 APPROVAL_INPUT = "undolog_approval"  # the key of our request in an `input_required` result
 SESSION_META_KEY = "undolog/session_id"
-META_KEY = "undolog"  # the key of `_meta` on our results: effect, step, approval, error
 
-_ENGINE_FAILURES = (Database, Internal, Serialization, AdvisoryLockTimeout, DuplicateSignature)
 ANSWERS_KEY = "undolog_answers"  # scope state: the answers this request carries (Delivery)
-
-
-def _text_result(text: str, meta: dict[str, Any], *, is_error: bool) -> CallToolResult:
-    return CallToolResult(
-        content=[TextContent(type="text", text=text)],
-        is_error=is_error,
-        _meta={META_KEY: meta},
-    )
-
-
-def _recorded_result(result_json: str | None) -> CallToolResult:
-    """A recorded ToolResult (`{"success", "output", "error"}`) as the MCP result it was."""
-    recorded = orjson.loads(result_json) if result_json else None
-    output = recorded.get("output") if isinstance(recorded, dict) else None
-    if isinstance(output, dict) and "content" in output:
-        return CallToolResult.model_validate(output)
-    # Recorded by someone else (an operator resolving an in-doubt call): show it as text.
-    ok = bool(recorded.get("success", True)) if isinstance(recorded, dict) else True
-    return CallToolResult(
-        content=[TextContent(type="text", text=orjson.dumps(recorded).decode())],
-        is_error=not ok,
-    )
-
-
-def _actor(state: dict[str, Any]) -> Actor:
-    """The caller's key as the engine checks it: an agent key uses its own sessions only."""
-    principal = state.get("principal")  # set by the proxy's edge from the key
-    return principal.actor if principal is not None else ORG_WIDE
-
-
-def _refusal(exc: UndoLogError) -> CallToolResult:
-    """The call did not give a result: refused by UndoLog, or the upstream was not reached."""
-    return _text_result(
-        f"{exc.message} (UndoLog: {exc.code})",
-        {"error": {"code": exc.code, "message": exc.message, **exc.fields()}},
-        is_error=True,
-    )
-
-
-def _awaiting_text(decision: Decision, retry_after: int) -> str:
-    approval_id = decision.approval_id
-    return (
-        f"'{decision.tool.name}' cannot be undone, so it waits for a person to approve it "
-        f"(approval {approval_id}; POST /approvals/{approval_id}/approve or "
-        f"`undolog approvals approve {approval_id}`). It has not run. Once it is approved, call "
-        "the tool again with the same arguments in the same session: that call returns its "
-        f"result. Retry after {retry_after}s or later."
-    )
-
-
-def _awaiting(decision: Decision, retry_after: int) -> CallToolResult:
-    approval_id = decision.approval_id
-    text = _awaiting_text(decision, retry_after)
-    meta = {
-        "status": "pending_approval",
-        "approval_id": approval_id,
-        "effect_id": decision.effect_id,
-        "step_index": decision.step_index,
-        "retry_after": retry_after,
-    }
-    return _text_result(text, meta, is_error=True)
-
-
-def _with_meta(result: CallToolResult, decision: Decision, status: str) -> CallToolResult:
-    meta = dict(result.meta or {})
-    meta[META_KEY] = {
-        "status": status,
-        "effect_id": decision.effect_id,
-        "step_index": decision.step_index,
-    }
-    return result.model_copy(update={"meta": meta})
 
 
 def _can_open_urls(ctx: ServerRequestContext[Any]) -> bool:
@@ -194,6 +119,44 @@ def _same_origin(origin: str, host: str | None) -> bool:
         return host is not None and urlsplit(origin).netloc.lower() == host.lower()
     except ValueError:
         return False
+
+
+def _actor(state: dict[str, Any]) -> Actor:
+    """The caller's key as the engine checks it: an agent key uses its own sessions only."""
+    principal = state.get("principal")  # set by the proxy's edge from the key
+    return principal.actor if principal is not None else ORG_WIDE
+
+
+def _request_state(ctx: ServerRequestContext[Any]) -> dict[str, Any]:
+    """The proxy edge's state of the HTTP request behind an MCP request (org, request id)."""
+    request = ctx.request
+    state = getattr(request, "scope", {}).get("state", {}) if request is not None else {}
+    return state if isinstance(state, dict) else {}
+
+
+Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
+
+
+def _mapped(handler: Handler) -> Handler:
+    """The MCP front end's one mapping of what a handler raises (`undolog.proxy.errors` is
+    REST's): an `MCPError` as it is, anything else — a bug — as `-32603` with a fixed message
+    and the request id; the traceback goes to the log, never the exception's text to the
+    client (the handshake era's server would send `str(exc)`)."""
+
+    @functools.wraps(handler)
+    async def mapped(self: McpGateway, ctx: ServerRequestContext[Any], params: Any) -> Any:
+        try:
+            return await handler(self, ctx, params)
+        except MCPError:
+            raise
+        except Exception as exc:
+            request_id = str(_request_state(ctx).get("request_id") or uuid.uuid4())
+            structlog.get_logger("undolog.proxy").error(
+                "unhandled_error", request_id=request_id, path="/mcp", exc_info=exc
+            )
+            raise MCPError(INTERNAL_ERROR, internal_error_message(request_id)) from None
+
+    return cast(Handler, mapped)
 
 
 class McpGateway:
@@ -320,6 +283,7 @@ class McpGateway:
         tool = self.pool.get(name)
         return tool.tool.input_schema if tool is not None else None
 
+    @_mapped
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
@@ -329,38 +293,44 @@ class McpGateway:
     # Resources and prompts are read-only: straight to the upstreams, nothing is recorded. The
     # pool raises `MCPError`s (unknown item, upstream down, the upstream's own error).
 
+    @_mapped
     async def _list_resources(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListResourcesResult:
         return ListResourcesResult(resources=await self.pool.list_resources())
 
+    @_mapped
     async def _list_templates(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListResourceTemplatesResult:
         templates = await self.pool.list_resource_templates()
         return ListResourceTemplatesResult(resource_templates=templates)
 
+    @_mapped
     async def _read_resource(
         self, ctx: ServerRequestContext[Any], params: ReadResourceRequestParams
     ) -> ReadResourceResult:
         return await self.pool.read_resource(params.uri)
 
+    @_mapped
     async def _list_prompts(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListPromptsResult:
         return ListPromptsResult(prompts=await self.pool.list_prompts())
 
+    @_mapped
     async def _get_prompt(
         self, ctx: ServerRequestContext[Any], params: GetPromptRequestParams
     ) -> GetPromptResult:
         return await self.pool.get_prompt(params.name, params.arguments)
 
+    @_mapped
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
     ) -> CallToolResult | InputRequiredResult:
+        """`tools/call`: the MCP adapter over `undolog.services.calls.run_call`."""
         runtime = self._runtime
-        request = ctx.request
-        state = getattr(request, "scope", {}).get("state", {}) if request is not None else {}
+        state = _request_state(ctx)
         org_id = state.get("org_id")
         if runtime is None or org_id is None:
             raise MCPError(INVALID_REQUEST, "the gateway is not serving this request")
@@ -371,53 +341,61 @@ class McpGateway:
         if tool is None:
             down = self.pool.unavailable(params.name)  # probably a real tool: nothing is recorded
             if down is not None:
-                return _refusal(ToolError(down))
+                return refusal(ToolError(down))
             raise MCPError(INVALID_PARAMS, f"Unknown tool: {params.name}")
         args = params.arguments or {}
-        session_id = self._session_id(ctx, request)
+        session_id = self._session_id(ctx, ctx.request)
         if session_id is None:
             if tool.tier == "safe":  # a read needs no session: nothing is recorded
                 try:
                     return await self.pool.call_upstream(tool.name, args)
                 except ToolTransportError as exc:
-                    return _refusal(ToolError(str(exc)))
+                    return refusal(ToolError(str(exc)))
             raise MCPError(
                 INVALID_PARAMS,
                 f"'{tool.name}' is recorded by UndoLog and needs a session: send the header "
                 "X-UndoLog-Session-Id (a UUID) or _meta['undolog/session_id']",
             )
         request_id = state.get("request_id") or str(uuid.uuid4())
-        log = runtime.log.bind(request_id=request_id, org_id=org_id, session_id=session_id)
         try:
             await self._register(runtime, org_id, tool)
-            await runtime.deliveries.settle(org_id, session_id)
-            decision = await runtime.engine.intercept(
-                org_id, session_id, tool.name, args, actor=_actor(state)
-            )
-        except InvalidRequest as exc:
-            raise MCPError(INVALID_PARAMS, exc.message) from None
-        except _ENGINE_FAILURES as exc:
-            log.warning("intercept_failed", error=exc.message)
-            raise MCPError(
-                INTERNAL_ERROR, f"UndoLog could not record the call: {exc.message}"
-            ) from None
         except UndoLogError as exc:
-            return _refusal(exc)
-        if decision.outcome is Outcome.REPLAY:
-            self._answering(runtime, state, org_id, session_id, decision)
-            return _with_meta(_recorded_result(decision.result_json), decision, "replayed")
-        if decision.outcome is Outcome.AWAITING_APPROVAL:
+            log = runtime.log.bind(request_id=request_id, org_id=org_id, session_id=session_id)
+            outcome = refused(exc, log)
+        else:
+            call = Call(org_id, session_id, tool.name, args, actor=_actor(state))
+            outcome = await run_call(runtime, call, request_id)
+        answered = outcome.answered
+        if answered is not None:
+            self._answering(runtime, state, org_id, session_id, answered)
+        return self._render(ctx, params, outcome)
+
+    def _render(
+        self, ctx: ServerRequestContext[Any], params: CallToolRequestParams, outcome: CallOutcome
+    ) -> CallToolResult | InputRequiredResult:
+        """A call's outcome as MCP answers it (the table in the module docstring)."""
+        error = outcome.error
+        if outcome.status is CallStatus.INTERCEPT_FAILED:
+            assert error is not None
+            raise MCPError(INTERNAL_ERROR, f"UndoLog could not record the call: {error.message}")
+        if outcome.status is CallStatus.REFUSED and isinstance(error, InvalidRequest):
+            raise MCPError(INVALID_PARAMS, error.message)
+        if error is not None:  # refused by UndoLog, or the upstream gave no result
+            return refusal(error)
+        decision = outcome.decision
+        assert decision is not None
+        runtime = self._runtime
+        retry_after = runtime.retry_after_seconds if runtime is not None else 0
+        if outcome.status is CallStatus.REPLAYED:
+            return with_meta(recorded_result(outcome.result_json), decision, "replayed")
+        if outcome.status is CallStatus.PENDING_APPROVAL:
             # A client that has already answered our request is not asked again: it gets the
             # plain answer, and retries when it sees fit.
             if params.input_responses is None and _can_open_urls(ctx):
-                return self._input_required(decision, request, runtime.retry_after_seconds)
-            return _awaiting(decision, runtime.retry_after_seconds)
-        execution = await execute_decision(runtime, decision, args, session_id, request_id, log)
-        self._answering(runtime, state, org_id, session_id, decision)
-        if execution.error is not None:
-            return _refusal(execution.error)
+                return self._input_required(decision, ctx.request, retry_after)
+            return awaiting(decision, retry_after)
         status = "executed" if decision.logged else "passed_through"  # SAFE: not recorded
-        return _with_meta(_recorded_result(execution.result_json), decision, status)
+        return with_meta(recorded_result(outcome.result_json), decision, status)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -435,7 +413,7 @@ class McpGateway:
         assert decision.approval_id is not None
         url = self._approval_url(decision.approval_id, request)
         ask = ElicitRequestURLParams(
-            message=_awaiting_text(decision, retry_after) + f" Approve it at {url}",
+            message=awaiting_text(decision, retry_after) + f" Approve it at {url}",
             url=url,
         )
         return InputRequiredResult(input_requests={APPROVAL_INPUT: ElicitRequest(params=ask)})

@@ -70,7 +70,7 @@ from mcp_types import (
 
 from undolog.mcp.config import PREFIX_SEPARATOR, McpToolPolicy, McpUpstream, tier_for
 from undolog.mcp.mapping import MappingError, resolve_mapping
-from undolog.proxy.executor import (
+from undolog.services.executor import (
     ToolOutcomeUnknown,
     ToolResult,
     ToolTransportError,

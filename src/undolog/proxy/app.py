@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
-import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -18,20 +15,11 @@ from starlette.routing import Route
 
 import undolog
 from undolog.config import Settings
-from undolog.engine import Engine
-from undolog.engine.approvals import Approvals
-from undolog.engine.keys import KeyGrant, Keys, Role
-from undolog.engine.saga import Saga
+from undolog.mcp.gateway import McpGateway
 from undolog.proxy.approvals import router as approvals_router
-from undolog.proxy.approvals import sweep_forever
-from undolog.proxy.delivery import Deliveries
 from undolog.proxy.edge import Edge, KeyResolver
-from undolog.proxy.events import EventBroker
+from undolog.proxy.errors import error_handler
 from undolog.proxy.events import router as events_router
-from undolog.proxy.executor import ToolExecutor
-from undolog.proxy.held import HeldResults
-from undolog.proxy.lease import LeaseKeeper, sweep_leases_forever
-from undolog.proxy.metrics import ProxyMetrics
 from undolog.proxy.metrics_listener import MetricsListener
 from undolog.proxy.overview import router as overview_router
 from undolog.proxy.ratelimit import FailureLimiter
@@ -41,14 +29,15 @@ from undolog.proxy.toolcall import tool_call
 from undolog.proxy.ui_auth import SessionTokens, UiSessions
 from undolog.proxy.ui_auth import router as ui_auth_router
 from undolog.proxy.undo import router as undo_router
-from undolog.proxy.wire import error_body, internal_error_message, json_response
-from undolog.store import Store, open_store
+from undolog.proxy.wire import error_body, json_response
+from undolog.services.metrics import ProxyMetrics
+from undolog.services.runtime import Runtime, open_runtime
+from undolog.services.sweeps import sweep_approvals_forever, sweep_leases_forever
 from undolog.store.records import KeyRecord
 from undolog.ui import mount_ui
-from undolog.upstreams import UpstreamRegistry
-from undolog_sdk.tier import ToolTier
+from undolog_sdk.errors import UndoLogError
 
-__all__ = ["Runtime", "create_app", "open_runtime", "upstream_registry"]
+__all__ = ["create_app"]
 
 _TOOL_CALL_BODY = {
     "required": True,
@@ -73,155 +62,10 @@ _TOOL_CALL_BODY = {
 _STATUS_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
 
 
-@dataclass
-class Runtime:
-    """Everything a request handler needs, built once per app."""
-
-    store: Store
-    engine: Engine
-    saga: Saga
-    approvals: Approvals
-    broker: EventBroker
-    executor: ToolExecutor
-    metrics: ProxyMetrics
-    deliveries: Deliveries
-    leases: LeaseKeeper
-    held: HeldResults
-    retry_after_seconds: int
-    commit_retry_attempts: int
-    commit_retry_backoff_ms: int
-    log: Any
-    keys: Keys
-    # Tools whose tier the operator's config sets: (org, tool name) → "config", and the MCP
-    # gateway's upstream prefixes ("git." ...) for every org. The API cannot change them.
-    config_tools: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
-    gateway_prefixes: tuple[str, ...] = ()
-
-    def config_owner(self, org_id: str, tool_name: str) -> str | None:
-        """Who sets this tool's tier, if not the API: `config` ([[tools]]) or `mcp`."""
-        if (org_id, tool_name) in self.config_tools:
-            return "config"
-        if tool_name.startswith(self.gateway_prefixes):
-            return "mcp"
-        return None
-
-
-def config_key_grants(settings: Settings) -> list[KeyGrant]:
-    """Every key the config lists: the legacy unnamed ones (role `agent`, a generated name)
-    and the named `[[orgs.keys]]`."""
-    grants = []
-    for org in settings.orgs:
-        grants += [
-            KeyGrant(org.org_id, h, f"{org.org_id}-legacy-{h[:8]}", Role.AGENT)
-            for h in org.api_key_hashes
-        ]
-        grants += [KeyGrant(org.org_id, k.key_hash, k.name, Role(k.role)) for k in org.keys]
-    return grants
-
-
-async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) -> Runtime:
-    """Open the store (migrating it), seed the configured orgs and tools, open the executor."""
-    upstreams = upstream_registry(settings)
-    store = await open_store(
-        settings.database_url,
-        lock_max_attempts=settings.lock_max_attempts,
-        lock_retry_ms=settings.lock_retry_ms,
-    )
-    try:
-        await store.migrate()
-        engine = Engine(
-            store,
-            lease_seconds=settings.lease_seconds,
-            retry_after_seconds=settings.retry_after_seconds,
-        )
-        for org in settings.orgs:
-            await engine.ensure_org(
-                org.org_id,
-                name=org.name,
-                approval_timeout_s=org.approval_timeout_seconds,
-                auto_approve_on_timeout=org.auto_approve_on_timeout,
-            )
-        keys = Keys(store)
-        # The config is the source of truth for its keys: listed ones are stored (moved to
-        # the org that lists them now), the others revoked.
-        await keys.sync_config(config_key_grants(settings))
-        for tool in settings.tools:
-            await engine.register_tool(
-                tool.org_id,
-                tool.name,
-                tier=ToolTier(tool.tier).value,
-                version=tool.version,
-                compensation=dict(tool.compensation) if tool.compensation else None,
-                idempotent_upstream=tool.idempotent_upstream,
-                upstream=tool.upstream,
-            )
-        executor = ToolExecutor(upstreams, timeout_seconds=settings.upstream_timeout_seconds)
-        await executor.open()
-    except BaseException:
-        # Every failure path closes the store: its threads or pool would keep the process alive.
-        await store.close()
-        raise
-    if settings.lease_seconds <= settings.upstream_timeout_seconds:
-        # A duplicate arriving after the lease but before the upstream gives up would find
-        # a call that is still running "in doubt" (or re-run an idempotent one beside it).
-        structlog.get_logger("undolog.proxy").warning(
-            "lease_shorter_than_upstream_timeout",
-            lease_seconds=settings.lease_seconds,
-            upstream_timeout_seconds=settings.upstream_timeout_seconds,
-        )
-    proxy_metrics = metrics or ProxyMetrics.create()
-    return Runtime(
-        store=store,
-        engine=engine,
-        saga=Saga(store, lease_seconds=settings.lease_seconds),
-        approvals=Approvals(engine),
-        broker=EventBroker(store, proxy_metrics),
-        executor=executor,
-        metrics=proxy_metrics,
-        deliveries=Deliveries(engine),
-        leases=LeaseKeeper(engine, settings.lease_seconds),
-        held=HeldResults(settings.spool_dir),
-        retry_after_seconds=settings.retry_after_seconds,
-        commit_retry_attempts=max(1, settings.commit_retry_attempts),
-        commit_retry_backoff_ms=settings.commit_retry_backoff_ms,
-        log=structlog.get_logger("undolog.proxy"),
-        keys=keys,
-        config_tools={(t.org_id, t.name): "config" for t in settings.tools},
-        gateway_prefixes=tuple(f"{u.name}." for u in settings.mcp.upstreams),
-    )
-
-
-def upstream_registry(settings: Settings) -> UpstreamRegistry:
-    """The configured upstreams; an upstream without a secret gets a random one (warned).
-
-    Raises:
-        ValueError: a URL that is not a plain http(s) base URL (settings built in code skip
-            the checks `load_settings` makes).
-    """
-    registry = UpstreamRegistry.build(
-        settings.upstream_url,
-        settings.upstream_secret,
-        [(u.name, u.url, u.secret, u.orgs) for u in settings.upstreams],
-    )
-    for upstream in registry:
-        if upstream.secret_generated:
-            # Still signed, but with a key no tool server holds: it cannot tell orgs apart.
-            structlog.get_logger("undolog.proxy").warning(
-                "upstream_secret_generated",
-                upstream=upstream.name,
-                hint="set UNDOLOG_UPSTREAM_SECRET or the upstream's secret/secret_env so the "
-                "tool server can verify X-UndoLog-Signature",
-            )
-    return registry
-
-
 def create_app(settings: Settings) -> Any:
     """The proxy as an ASGI app; the store opens in the lifespan."""
     metrics_holder: dict[str, Runtime] = {}
     metrics = ProxyMetrics.create()
-    # Imported here: the gateway builds on the proxy's modules (executor, tool calls).
-    from undolog.mcp.gateway import McpGateway
-
     gateway = McpGateway(settings.mcp, timeout_seconds=settings.upstream_timeout_seconds)
 
     @contextlib.asynccontextmanager
@@ -244,7 +88,9 @@ def create_app(settings: Settings) -> Any:
             await runtime.broker.start()
             runtime.leases.start()
             sweepers = [
-                asyncio.create_task(sweep_forever(runtime, settings.approval_sweep_seconds)),
+                asyncio.create_task(
+                    sweep_approvals_forever(runtime, settings.approval_sweep_seconds)
+                ),
                 asyncio.create_task(sweep_leases_forever(runtime, settings.lease_sweep_seconds)),
             ]
             try:
@@ -300,16 +146,10 @@ def create_app(settings: Settings) -> Any:
             error_body(request.state.request_id, code, detail), exc.status_code, exc.headers
         )
 
-    @api.exception_handler(Exception)
-    async def unexpected_error(request: Request, exc: Exception) -> Response:
-        # A bug: the details go to the log; the client gets the request id to find them.
-        request_id = request.state.request_id
-        structlog.get_logger("undolog.proxy").exception(
-            "unhandled_error", request_id=request_id, path=request.url.path
-        )
-        return json_response(
-            error_body(request_id, "internal_error", internal_error_message(request_id)), 500
-        )
+    # One mapping for every route (`undolog.proxy.errors`): UndoLog errors as their error
+    # body, anything else as a 500 with a fixed message and the request id.
+    api.add_exception_handler(UndoLogError, error_handler)
+    api.add_exception_handler(Exception, error_handler)
 
     @api.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:

@@ -1,4 +1,5 @@
-"""`/approvals`: list, approve, reject — and the background sweep of expired approvals.
+"""`/approvals`: list, approve, reject (the sweep of expired approvals is
+`undolog.services.calls.sweep_approvals_forever`).
 
 Approving a proxy-executed call runs it upstream right away, once, and answers with
 `execution: committed` and the result (or `failed` and the error). Approving an SDK-executed
@@ -7,7 +8,6 @@ call answers `execution: awaiting_agent`: the agent's retry of the call runs it.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -17,14 +17,14 @@ from starlette.responses import Response
 
 from undolog.engine.approvals import DecisionResult, ResolvedByPolicy, Verdict
 from undolog.proxy.owners import Owned, hide_unowned
-from undolog.proxy.toolcall import execute_decision
-from undolog.proxy.wire import approval_json, error_response, json_response
+from undolog.proxy.wire import approval_json, json_response
+from undolog.services.calls import run_approved
 from undolog_sdk.errors import EffectInDoubt, InvalidRequest, UndoLogError
 
 if TYPE_CHECKING:
-    from undolog.proxy.app import Runtime
+    from undolog.services.runtime import Runtime
 
-__all__ = ["router", "sweep_forever"]
+__all__ = ["router"]
 
 router = APIRouter()
 DEFAULT_LIMIT = 100
@@ -49,21 +49,15 @@ async def list_approvals(request: Request) -> Response:
         limit = DEFAULT_LIMIT
     if not 1 <= limit <= 500:
         limit = DEFAULT_LIMIT
-    try:
-        records = await runtime.approvals.list_approvals(request.state.org_id, state, limit)
-    except UndoLogError as exc:
-        return error_response(request.state.request_id, exc)
+    records = await runtime.approvals.list_approvals(request.state.org_id, state, limit)
     return json_response([reference_approval(r) for r in records])
 
 
 @router.get("/approvals/{id}")
 async def get_approval(id: str, request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
-    try:
-        await hide_unowned(request, Owned.APPROVAL, id)
-        record = await runtime.approvals.get(request.state.org_id, id)
-    except UndoLogError as exc:
-        return error_response(request.state.request_id, exc)
+    await hide_unowned(request, Owned.APPROVAL, id)
+    record = await runtime.approvals.get(request.state.org_id, id)
     return json_response(reference_approval(record))
 
 
@@ -115,7 +109,7 @@ async def _decide(request: Request, approval_id: str, verdict: Verdict) -> Respo
             runtime.metrics.approval_decision_duration.labels(action).observe(
                 time.perf_counter() - started
             )
-        return error_response(request_id, exc)
+        raise  # answered by the app's one handler (`undolog.proxy.errors`)
     body: dict[str, Any] = {
         "status": result.approval.status,
         "approval_id": approval_id,
@@ -131,23 +125,18 @@ async def _decide(request: Request, approval_id: str, verdict: Verdict) -> Respo
 async def _run_approved(
     runtime: Runtime, result: DecisionResult, request_id: str
 ) -> dict[str, Any]:
-    if result.run is None:
+    """Run the approved call (`undolog.services.calls.run_approved`); its `execution` part."""
+    execution = await run_approved(runtime, result, request_id)
+    if execution is None:
         return {"execution": "awaiting_agent"}
-    effect = result.effect
-    log = runtime.log.bind(
-        request_id=request_id, org_id=effect.org_id, session_id=effect.session_id
-    )
-    execution = await execute_decision(
-        runtime, result.run, orjson.loads(effect.args_json), effect.session_id, request_id, log
-    )
     if isinstance(execution.error, EffectInDoubt):  # the tool may have run: an operator decides
         return {"execution": "in_doubt", "error": execution.error.message}
     if execution.error is not None:
         return {"execution": "failed", "error": execution.error.message}
-    result = orjson.loads(execution.result_json or "null")
+    output = orjson.loads(execution.result_json or "null")
     if execution.commit_pending:  # held: spooled and committed in the background
-        return {"execution": "commit_pending", "result": result}
-    return {"execution": "committed", "result": result}
+        return {"execution": "commit_pending", "result": output}
+    return {"execution": "committed", "result": output}
 
 
 @router.post("/approvals/{id}/approve")
@@ -166,32 +155,4 @@ async def reject(id: str, request: Request) -> Response:
 @router.post("/approvals//reject", include_in_schema=False)
 async def missing_id(request: Request) -> Response:
     """An empty id segment: the reference answers 400, not 404."""
-    return error_response(request.state.request_id, InvalidRequest("missing approval ID in path"))
-
-
-async def sweep_forever(runtime: Runtime, interval_seconds: float) -> None:
-    """Time out expired approvals (or auto-approve and run them), until cancelled.
-
-    No error ends the loop: a sweeper that died would leave every later approval pending
-    forever. One failed run does not keep the others of its round from running.
-    """
-    while True:
-        try:
-            results = await runtime.approvals.sweep()
-        except UndoLogError as exc:  # the store is down: try again next round
-            runtime.log.warning("approval_sweep_failed", error=exc.message)
-            results = []
-        except Exception:
-            runtime.log.exception("approval_sweep_failed")
-            results = []
-        for result in results:
-            approval = result.approval
-            runtime.log.info("approval_swept", org_id=approval.org_id,
-                             approval_id=approval.approval_id, status=approval.status)  # fmt: skip
-            if result.run is None:
-                continue
-            try:
-                await _run_approved(runtime, result, f"sweep-{approval.approval_id}")
-            except Exception:
-                runtime.log.exception("approval_run_failed", approval_id=approval.approval_id)
-        await asyncio.sleep(interval_seconds)
+    raise InvalidRequest("missing approval ID in path")

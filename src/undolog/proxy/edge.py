@@ -38,12 +38,13 @@ from starlette.responses import Response
 
 from undolog.config import hash_api_key
 from undolog.engine.keys import Role
+from undolog.proxy.errors import answer_error
 from undolog.proxy.inputs import path_problem
-from undolog.proxy.metrics import ProxyMetrics
 from undolog.proxy.ratelimit import FailureLimiter, client_address
 from undolog.proxy.roles import Principal, allowed
 from undolog.proxy.ui_auth import UiSessions, cookie_token, same_origin
-from undolog.proxy.wire import error_body, internal_error_message
+from undolog.proxy.wire import error_body
+from undolog.services.metrics import ProxyMetrics
 from undolog.store.records import KeyRecord
 from undolog_sdk.errors import (
     AuthFailed,
@@ -272,8 +273,8 @@ class Edge:
             if problem is not None:
                 raise InvalidRequest(problem)
         except UndoLogError as exc:
-            # `send` is the wrapper that adds the X-Request-Id header: not a second one here.
-            await _send_error(send, exc, request_id)
+            # The app's one mapping (`send` is the wrapper that adds the X-Request-Id header).
+            await answer_error(request_id, exc, path)(scope, receive, send)
             return
         fast = self.fast_routes.get((scope["method"], path))
         if fast is None:
@@ -284,13 +285,8 @@ class Edge:
         scope["route"] = route
         try:
             response = await handler(Request(scope, receive))
-        except Exception:  # a bug: the error body, as the app's own handler would
-            structlog.get_logger("undolog.proxy").exception(
-                "unhandled_error", request_id=request_id, path=path
-            )
-            body = error_body(request_id, "internal_error", internal_error_message(request_id))
-            await _send_json(send, 500, body)
-            return
+        except Exception as exc:  # answered as the app's own handler would
+            response = answer_error(request_id, exc, path)
         await response(scope, receive, send)
 
     async def _bounded_body(self, scope: Scope, receive: Receive) -> Receive:

@@ -1,26 +1,13 @@
 """`GET /events`: the live event stream (SSE), resumable with `Last-Event-ID`.
 
-One `EventBroker` per process reads new event rows from the store and fans them out to its
-subscribers, each with a bounded queue (a slow subscriber loses events, counted in
-`undolog_proxy_sse_events_dropped_total`, rather than slowing everyone). It wakes when this
-process commits events, when another process announces some (PostgreSQL LISTEN/NOTIFY), and
-every `poll_seconds` in any case (SQLite files shared by processes have no notifications).
-
-Event ids come from a sequence, assigned at insert: on PostgreSQL a transaction can commit
-after another that took a higher id. The broker therefore only hands out ids up to its
-*high-water mark*, the highest id below which it has seen every row; a hole is waited for up
-to `gap_grace_seconds` (a rolled-back insert leaves one forever) and then skipped. A client
-that resumes from an id the broker handed out therefore misses nothing.
+The process's `EventBroker` (`undolog.services.events`) feeds each stream; a client that
+resumes from an id the broker handed out misses nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 from fastapi import APIRouter, Request
@@ -29,21 +16,17 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.responses import Response
 
 from undolog.proxy.inputs import event_id
-from undolog.proxy.metrics import ProxyMetrics
 from undolog.proxy.owners import EventFilter, actor
-from undolog.proxy.wire import error_body, error_response, iso, json_response
-from undolog.store import EventRecord, Store
-from undolog_sdk.errors import InvalidRequest
+from undolog.proxy.wire import error_body, iso, json_response
+from undolog.services.events import REPLAY_PAGE
+from undolog.store import EventRecord
 
 if TYPE_CHECKING:
-    from undolog.proxy.app import Runtime
+    from undolog.services.runtime import Runtime
 
-__all__ = ["EventBroker", "router"]
+__all__ = ["event_data", "router"]
 
-CHANNEL = "undolog_events"
 PING_SECONDS = 25
-ANNOUNCE_EVERY_SECONDS = 0.05
-REPLAY_PAGE = 500
 
 
 def event_data(event: EventRecord) -> str:
@@ -58,127 +41,6 @@ def event_data(event: EventRecord) -> str:
             "payload": orjson.loads(event.payload_json),
         }
     ).decode()
-
-
-@dataclass(eq=False)
-class Subscriber:
-    org_id: str
-    queue: asyncio.Queue[EventRecord]
-
-
-@dataclass
-class EventBroker:
-    store: Store
-    metrics: ProxyMetrics
-    queue_size: int = 1000
-    max_per_org: int = 100
-    poll_seconds: float = 0.25
-    gap_grace_seconds: float = 2.0
-    hwm: int = 0
-    _subscribers: dict[str, set[Subscriber]] = field(default_factory=dict)
-    _wake: asyncio.Event = field(default_factory=asyncio.Event)
-    _task: asyncio.Task[None] | None = None
-    _gap_since: float | None = None
-    _closers: list[Any] = field(default_factory=list)
-    _advancing: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _announce: bool = False  # this process committed events other processes have not heard of
-    _last_announce: float = 0.0
-
-    async def start(self) -> None:
-        async with self.store.reader() as q:
-            latest = await q.list_events_since(0, 1, newest=True)
-        self.hwm = latest[0].event_id if latest else 0
-        self._closers.append(self.store.on_events(self._local_commit))
-        close_listen = await self.store.listen(CHANNEL, self._wake.set)
-        self._closers.append(close_listen)
-        self._task = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        for close in self._closers:
-            result = close()
-            if asyncio.iscoroutine(result):
-                await result
-
-    def _local_commit(self) -> None:
-        self._announce = True
-        if any(self._subscribers.values()):  # a subscriber here wants it now
-            self._wake.set()
-
-    async def _run(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
-            self._wake.clear()
-            now = time.monotonic()
-            if self._announce and now - self._last_announce >= ANNOUNCE_EVERY_SECONDS:
-                # At most one NOTIFY per interval, however many commits: the hot path
-                # never pays for it, and listeners re-read everything new anyway.
-                self._announce = False
-                self._last_announce = now
-                with contextlib.suppress(Exception):  # other processes still poll
-                    await self.store.announce(CHANNEL)
-            # Without subscribers this runs once per poll (commits do not wake it), which
-            # keeps the high-water mark current so a first subscriber has little to read.
-            try:
-                await self._advance()
-            except Exception:  # the store is down: keep polling
-                await asyncio.sleep(self.poll_seconds)
-
-    async def catch_up(self) -> None:
-        """Read up to the present (a new subscriber's replay ends at `hwm`)."""
-        with contextlib.suppress(Exception):
-            await self._advance()
-
-    async def _advance(self) -> None:
-        async with self._advancing:  # the loop and a new subscriber's catch-up take turns
-            await self._advance_locked()
-
-    async def _advance_locked(self) -> None:
-        while True:
-            async with self.store.reader() as q:
-                rows = await q.list_events_since(self.hwm, REPLAY_PAGE)
-            if not rows:
-                return
-            for event in rows:
-                if event.event_id != self.hwm + 1:
-                    now = time.monotonic()
-                    if self._gap_since is None:
-                        self._gap_since = now
-                    if now - self._gap_since < self.gap_grace_seconds:
-                        self._wake.set()  # look again soon: the hole may fill
-                        await asyncio.sleep(0.02)
-                        return
-                self._gap_since = None
-                self.hwm = event.event_id
-                self._deliver(event)
-            if len(rows) < REPLAY_PAGE:
-                return
-
-    def _deliver(self, event: EventRecord) -> None:
-        for sub in self._subscribers.get(event.org_id, ()):
-            try:
-                sub.queue.put_nowait(event)
-            except asyncio.QueueFull:
-                self.metrics.sse_events_dropped.labels(event.org_id).inc()
-
-    def subscribe(self, org_id: str) -> Subscriber | None:
-        """A new subscriber, or None when the org already has `max_per_org`."""
-        subs = self._subscribers.setdefault(org_id, set())
-        if len(subs) >= self.max_per_org:
-            return None
-        sub = Subscriber(org_id, asyncio.Queue(self.queue_size))
-        subs.add(sub)
-        self.metrics.sse_subscribers.labels(org_id).set(len(subs))
-        return sub
-
-    def unsubscribe(self, sub: Subscriber) -> None:
-        subs = self._subscribers.get(sub.org_id, set())
-        subs.discard(sub)
-        self.metrics.sse_subscribers.labels(sub.org_id).set(len(subs))
 
 
 router = APIRouter()
@@ -203,10 +65,7 @@ async def events(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     org_id: str = request.state.org_id
     broker = runtime.broker
-    try:
-        after = _resume_from(request)
-    except InvalidRequest as exc:
-        return error_response(request.state.request_id, exc)
+    after = _resume_from(request)
     await broker.catch_up()
     sub = broker.subscribe(org_id)
     if sub is None:

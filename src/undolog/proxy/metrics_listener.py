@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import uvicorn
 
-from undolog.proxy.metrics import ProxyMetrics
+from undolog.services.metrics import ProxyMetrics
 
 __all__ = ["MetricsListener", "metrics_app"]
 

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from undolog.proxy.wire import error_body, json_response
 
 if TYPE_CHECKING:
-    from undolog.proxy.app import Runtime
+    from undolog.services.runtime import Runtime
 
 __all__ = ["STORE_UNAVAILABLE", "router"]
 

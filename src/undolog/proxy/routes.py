@@ -13,18 +13,17 @@ from undolog.proxy.wire import (
     JSONDecodeError,
     approval_json,
     effect_json,
-    error_response,
     json_response,
     loads_exact,
     session_json,
     tool_json,
     undo_entry_json,
 )
-from undolog_sdk.errors import Forbidden, InvalidRequest, UndoLogError
+from undolog_sdk.errors import Forbidden, InvalidRequest
 from undolog_sdk.signature import canonical_json
 
 if TYPE_CHECKING:
-    from undolog.proxy.app import Runtime
+    from undolog.services.runtime import Runtime
 
 __all__ = ["router"]
 
@@ -100,47 +99,42 @@ async def put_tool(name: str, request: Request) -> Response:
     caller's org may use; a URL is never taken from a tenant.
     """
     runtime = _runtime(request)
-    try:
-        owner = runtime.config_owner(request.state.org_id, name)
-        if owner is not None:
-            where = "[[tools]]" if owner == "config" else "the [mcp] gateway config"
-            raise Forbidden(
-                f"tool '{name}' is set by the operator's config ({where}): change it there"
-            )
-        data = await _json_object(request)
-        if "upstream_url" in data:
-            raise InvalidRequest(
-                "upstream_url is no longer accepted: name a configured upstream with "
-                '"upstream" (the operator declares tool servers in [[upstreams]])'
-            )
-        unknown = set(data) - {"tier", "version", "compensation", "idempotent_upstream",
-                               "upstream"}  # fmt: skip
-        if unknown:
-            raise InvalidRequest(f"unknown fields: {sorted(unknown)}")
-        compensation = data.get("compensation")
-        if compensation is not None and not isinstance(compensation, dict):
-            raise InvalidRequest("compensation must be an object")
-        # Checked, not coerced: str(None) would be version "None", bool("false") True.
-        tier, version = data.get("tier", ""), data.get("version", "1.0.0")
-        if not isinstance(tier, str) or not isinstance(version, str):
-            raise InvalidRequest("tier and version must be strings")
-        storable(name, "tool name")
-        storable(version, "version")
-        idempotent = data.get("idempotent_upstream", False)
-        if not isinstance(idempotent, bool):
-            raise InvalidRequest("idempotent_upstream must be a boolean")
-        upstream = _usable_upstream(runtime, request.state.org_id, data.get("upstream"))
-        tool = await runtime.engine.register_tool(
-            request.state.org_id,
-            name,
-            tier=tier,
-            version=version,
-            compensation=compensation,
-            idempotent_upstream=idempotent,
-            upstream=upstream,
+    owner = runtime.config_owner(request.state.org_id, name)
+    if owner is not None:
+        where = "[[tools]]" if owner == "config" else "the [mcp] gateway config"
+        raise Forbidden(f"tool '{name}' is set by the operator's config ({where}): change it there")
+    data = await _json_object(request)
+    if "upstream_url" in data:
+        raise InvalidRequest(
+            "upstream_url is no longer accepted: name a configured upstream with "
+            '"upstream" (the operator declares tool servers in [[upstreams]])'
         )
-    except UndoLogError as exc:
-        return error_response(request.state.request_id, exc)
+    unknown = set(data) - {"tier", "version", "compensation", "idempotent_upstream",
+                           "upstream"}  # fmt: skip
+    if unknown:
+        raise InvalidRequest(f"unknown fields: {sorted(unknown)}")
+    compensation = data.get("compensation")
+    if compensation is not None and not isinstance(compensation, dict):
+        raise InvalidRequest("compensation must be an object")
+    # Checked, not coerced: str(None) would be version "None", bool("false") True.
+    tier, version = data.get("tier", ""), data.get("version", "1.0.0")
+    if not isinstance(tier, str) or not isinstance(version, str):
+        raise InvalidRequest("tier and version must be strings")
+    storable(name, "tool name")
+    storable(version, "version")
+    idempotent = data.get("idempotent_upstream", False)
+    if not isinstance(idempotent, bool):
+        raise InvalidRequest("idempotent_upstream must be a boolean")
+    upstream = _usable_upstream(runtime, request.state.org_id, data.get("upstream"))
+    tool = await runtime.engine.register_tool(
+        request.state.org_id,
+        name,
+        tier=tier,
+        version=version,
+        compensation=compensation,
+        idempotent_upstream=idempotent,
+        upstream=upstream,
+    )
     return json_response(tool_json(tool))
 
 
@@ -154,14 +148,11 @@ async def list_tools(request: Request) -> Response:
 async def commit_effect(id: str, request: Request) -> Response:
     """Record the result of an SDK-executed call: body `{"result": ...}`."""
     runtime = _runtime(request)
-    try:
-        data = await _json_object(request)
-        if "result" not in data:
-            raise InvalidRequest("missing result")
-        await hide_unowned(request, Owned.EFFECT, id)
-        effect = await runtime.engine.commit(request.state.org_id, id, _result_json(data["result"]))
-    except UndoLogError as exc:
-        return error_response(request.state.request_id, exc)
+    data = await _json_object(request)
+    if "result" not in data:
+        raise InvalidRequest("missing result")
+    await hide_unowned(request, Owned.EFFECT, id)
+    effect = await runtime.engine.commit(request.state.org_id, id, _result_json(data["result"]))
     return json_response(effect_json(effect))
 
 
@@ -169,16 +160,13 @@ async def commit_effect(id: str, request: Request) -> Response:
 async def fail_effect(id: str, request: Request) -> Response:
     """Record the failure of an SDK-executed call: body `{"error": "..."}`."""
     runtime = _runtime(request)
-    try:
-        data = await _json_object(request)
-        error = data.get("error")
-        if not isinstance(error, str):
-            raise InvalidRequest("error must be a string")
-        # Scrubbed, not refused: refusing would leave a failed run unrecorded.
-        await hide_unowned(request, Owned.EFFECT, id)
-        effect = await runtime.engine.fail(request.state.org_id, id, scrubbed(error))
-    except UndoLogError as exc:
-        return error_response(request.state.request_id, exc)
+    data = await _json_object(request)
+    error = data.get("error")
+    if not isinstance(error, str):
+        raise InvalidRequest("error must be a string")
+    # Scrubbed, not refused: refusing would leave a failed run unrecorded.
+    await hide_unowned(request, Owned.EFFECT, id)
+    effect = await runtime.engine.fail(request.state.org_id, id, scrubbed(error))
     return json_response(effect_json(effect))
 
 
@@ -187,37 +175,31 @@ async def resolve_effect(id: str, request: Request) -> Response:
     """Settle an `in_doubt` effect: `{"outcome": "committed", "result": ...}` or
     `{"outcome": "failed", "error": "..."}`."""
     runtime = _runtime(request)
-    try:
-        data = await _json_object(request)
-        outcome = data.get("outcome")
-        if not isinstance(outcome, str):
-            raise InvalidRequest("outcome must be 'committed' or 'failed'")
-        result = _result_json(data["result"]) if "result" in data else None
-        error = data.get("error")
-        if error is not None and not isinstance(error, str):
-            raise InvalidRequest("error must be a string")
-        if outcome == "failed":  # who resolved it is on record, from the key
-            by = request.state.principal.decider
-            error = f"{error} (resolved by {by})" if error else f"resolved as failed by {by}"
-        effect = await runtime.engine.resolve(
-            request.state.org_id,
-            id,
-            outcome=outcome,
-            result_json=result,
-            error=None if error is None else storable(error, "error"),
-        )
-    except UndoLogError as exc:
-        return error_response(request.state.request_id, exc)
+    data = await _json_object(request)
+    outcome = data.get("outcome")
+    if not isinstance(outcome, str):
+        raise InvalidRequest("outcome must be 'committed' or 'failed'")
+    result = _result_json(data["result"]) if "result" in data else None
+    error = data.get("error")
+    if error is not None and not isinstance(error, str):
+        raise InvalidRequest("error must be a string")
+    if outcome == "failed":  # who resolved it is on record, from the key
+        by = request.state.principal.decider
+        error = f"{error} (resolved by {by})" if error else f"resolved as failed by {by}"
+    effect = await runtime.engine.resolve(
+        request.state.org_id,
+        id,
+        outcome=outcome,
+        result_json=result,
+        error=None if error is None else storable(error, "error"),
+    )
     return json_response(effect_json(effect))
 
 
 @router.get("/effects/{id}")
 async def get_effect(id: str, request: Request) -> Response:
-    try:
-        await hide_unowned(request, Owned.EFFECT, id)
-        effect = await _runtime(request).engine.get_effect(request.state.org_id, id)
-    except UndoLogError as exc:
-        return error_response(request.state.request_id, exc)
+    await hide_unowned(request, Owned.EFFECT, id)
+    effect = await _runtime(request).engine.get_effect(request.state.org_id, id)
     return json_response(effect_json(effect))
 
 
@@ -233,11 +215,8 @@ async def list_sessions(request: Request, limit: int = 100) -> Response:
 @router.get("/sessions/{id}")
 async def get_session(id: str, request: Request) -> Response:
     """A session with its effects in step order, its undo stack (top first), its approvals."""
-    try:
-        await hide_unowned(request, Owned.SESSION, id)
-        view = await _runtime(request).engine.session_view(request.state.org_id, id)
-    except UndoLogError as exc:
-        return error_response(request.state.request_id, exc)
+    await hide_unowned(request, Owned.SESSION, id)
+    view = await _runtime(request).engine.session_view(request.state.org_id, id)
     body = session_json(view.session)
     body["effects"] = [effect_json(e, view.replay_counts.get(e.effect_id, 0)) for e in view.effects]
     body["undo_stack"] = [undo_entry_json(u) for u in view.undo_entries]

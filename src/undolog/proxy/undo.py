@@ -1,17 +1,14 @@
-"""Rollback over HTTP: the proxy as a compensation runner, and the undo-entry routes.
+"""Rollback over HTTP, and the undo-entry routes.
 
-`POST /sessions/{id}/rollback` moves the session to `compensating` and runs, newest first,
-every entry whose compensation lives on the tool server (entries of proxy-executed calls),
-each with up to `max_retries` retries `retry_backoff_ms` apart. It stops when the stack is
-done, when an entry gives up (`502 compensation_failed`), or when the top entry belongs to the
-SDK (`waiting_for_runner`: the SDK claims it with `POST /undo/{entry}/claim`, runs it, reports
+`POST /sessions/{id}/rollback` drives the rollback (`undolog.services.rollback.run_rollback`):
+newest first, every entry whose compensation lives on the tool server, until the stack is
+done, an entry gives up (`502 compensation_failed`), or the top entry belongs to the SDK
+(`waiting_for_runner`: the SDK claims it with `POST /undo/{entry}/claim`, runs it, reports
 with `/complete` or `/fail` carrying the claim's `claim_token`, and calls rollback again).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -19,12 +16,11 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from undolog.engine.saga import Claim, RollbackStatus
-from undolog.faults import crash_point
-from undolog.proxy.executor import ToolResult, ToolTransportError, ToolUnreachable
+from undolog.engine.saga import RollbackStatus
 from undolog.proxy.inputs import scrubbed, storable
 from undolog.proxy.owners import Owned, hide_unowned
-from undolog.proxy.wire import error_body, error_response, json_response, undo_entry_json
+from undolog.proxy.wire import error_body, json_response, undo_entry_json
+from undolog.services.rollback import run_rollback
 from undolog.store.records import UndoEntryRecord
 from undolog_sdk.errors import (
     CompensationFailed,
@@ -32,116 +28,14 @@ from undolog_sdk.errors import (
     EmptyUndoStack,
     InProgress,
     InvalidRequest,
-    ToolNotRegistered,
-    UndoLogError,
 )
 
 if TYPE_CHECKING:
-    from undolog.proxy.app import Runtime
+    from undolog.services.runtime import Runtime
 
-__all__ = ["router", "run_rollback"]
+__all__ = ["router"]
 
 router = APIRouter()
-
-
-async def _compensation_upstream(runtime: Runtime, claim: Claim) -> str | None:
-    """The upstream of the forward call's tool: a compensation lives where its tool does.
-
-    None (the `default` upstream) when the tool is no longer registered.
-    """
-    try:
-        tool = await runtime.engine.get_tool(claim.entry.org_id, claim.effect.tool_name)
-    except ToolNotRegistered:
-        return None
-    return tool.upstream
-
-
-async def _renew_claim(runtime: Runtime, claim: Claim) -> None:
-    """Keep a running compensation's claim alive (every third of a lease) until cancelled."""
-    entry = claim.entry
-    while True:
-        await asyncio.sleep(runtime.leases.interval)
-        with contextlib.suppress(UndoLogError):  # the store is down: the claim runs down
-            await runtime.saga.renew_claim(entry.org_id, entry.entry_id, claim.token)
-
-
-async def _call_compensation(
-    runtime: Runtime, claim: Claim, request_id: str, upstream: str | None
-) -> ToolResult:
-    entry = claim.entry
-    renewer = asyncio.create_task(_renew_claim(runtime, claim))
-    try:
-        return await runtime.executor.call(
-            entry.fn_name,
-            claim.payload,
-            session_id=entry.session_id,
-            effect_id=entry.effect_id,
-            request_id=request_id,
-            org_id=entry.org_id,
-            upstream=upstream,
-            idempotency_key=entry.entry_id,
-        )
-    finally:
-        renewer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await renewer
-
-
-async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | None:
-    """Run one claimed compensation with its retries; None on success, else the last error.
-
-    It goes through the same executor path as a forward call: same upstream, org header signed.
-    A compensation whose outcome is unknown (a timeout, a connection lost after sending, an
-    answer that is no ToolResult) is tried again only when it is declared idempotent;
-    otherwise the entry needs an operator at once (`Saga.give_up`).
-    """
-    entry = claim.entry
-    backoff = entry.retry_backoff_ms / 1000
-    upstream = await _compensation_upstream(runtime, claim)
-    for attempt in range(max(1, claim.attempts_left)):
-        if attempt:
-            await asyncio.sleep(backoff)
-            if not await runtime.saga.start_attempt(entry.org_id, entry.entry_id, claim.token):
-                return None  # taken over or settled meanwhile: not ours to run
-        try:
-            result = await _call_compensation(runtime, claim, request_id, upstream)
-            error = None if result.success else (result.error or "compensation reported failure")
-        except ToolTransportError as exc:
-            error = str(exc)
-            if not isinstance(exc, ToolUnreachable) and not claim.idempotent:
-                runtime.metrics.effects_in_doubt.labels("compensation_unknown").inc()
-                try:
-                    await runtime.saga.give_up(
-                        entry.org_id,
-                        entry.entry_id,
-                        f"compensation outcome unknown: {error}",
-                        claim.token,
-                    )
-                except CompensationFailed:
-                    return error
-        crash_point("mid_rollback")
-        if error is None:
-            await runtime.saga.complete(entry.org_id, entry.entry_id, claim.token)
-            return None
-        try:
-            await runtime.saga.fail_attempt(entry.org_id, entry.entry_id, error, claim.token)
-        except CompensationFailed:
-            return error
-    return error  # pragma: no cover - fail_attempt raises on the last attempt
-
-
-async def run_rollback(
-    runtime: Runtime, org_id: str, session_id: str, request_id: str
-) -> tuple[RollbackStatus, str | None]:
-    """Unwind as far as this runner can; returns where the rollback stands."""
-    await runtime.saga.begin(org_id, session_id)
-    while True:
-        claimed = await runtime.saga.claim(org_id, session_id, "proxy")
-        if isinstance(claimed, RollbackStatus):
-            return claimed, None
-        error = await _run_claim(runtime, claimed, request_id)
-        if error is not None:
-            return RollbackStatus.COMPENSATION_FAILED, error
 
 
 async def _rollback_body(runtime: Runtime, org_id: str, session_id: str) -> dict[str, Any]:
@@ -173,12 +67,9 @@ async def rollback_session(id: str, request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     org_id: str = request.state.org_id
     request_id: str = request.state.request_id
-    try:
-        await hide_unowned(request, Owned.SESSION, id)
-        status, error = await run_rollback(runtime, org_id, id, request_id)
-        body = await _rollback_body(runtime, org_id, id)
-    except UndoLogError as exc:
-        return error_response(request_id, exc)
+    await hide_unowned(request, Owned.SESSION, id)
+    status, error = await run_rollback(runtime, org_id, id, request_id)
+    body = await _rollback_body(runtime, org_id, id)
     body["outcome"] = status.value
     if status is RollbackStatus.EMPTY:
         info = EmptyUndoStack(id)
@@ -214,11 +105,8 @@ async def rollback_session(id: str, request: Request) -> Response:
 @router.post("/sessions/{id}/complete")
 async def complete_session(id: str, request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
-    try:
-        await hide_unowned(request, Owned.SESSION, id)
-        session = await runtime.saga.complete_session(request.state.org_id, id)
-    except UndoLogError as exc:
-        return error_response(request.state.request_id, exc)
+    await hide_unowned(request, Owned.SESSION, id)
+    session = await runtime.saga.complete_session(request.state.org_id, id)
     return json_response({"session_id": session.session_id, "state": session.state})
 
 
@@ -265,11 +153,8 @@ async def _claim_token(request: Request) -> tuple[str, dict[str, Any]]:
 async def claim_entry(entry: str, request: Request) -> Response:
     """The SDK claims the entry it was handed; the answer carries what to call it with."""
     runtime: Runtime = request.app.state.runtime
-    try:
-        await hide_unowned(request, Owned.UNDO_ENTRY, entry)
-        claim = await runtime.saga.claim_entry(request.state.org_id, entry, "sdk")
-    except UndoLogError as exc:
-        return error_response(request.state.request_id, exc)
+    await hide_unowned(request, Owned.UNDO_ENTRY, entry)
+    claim = await runtime.saga.claim_entry(request.state.org_id, entry, "sdk")
     body = undo_entry_json(claim.entry)
     body["payload"] = claim.payload
     body["attempts_left"] = claim.attempts_left
@@ -282,11 +167,8 @@ async def _entry_answer(
 ) -> Response:
     """Run one undo-entry operation for the caller's org; the entry, or the error body."""
     runtime: Runtime = request.app.state.runtime
-    try:
-        await hide_unowned(request, Owned.UNDO_ENTRY, request.path_params["entry"])
-        entry = await action(runtime, request.state.org_id)
-    except UndoLogError as exc:
-        return error_response(request.state.request_id, exc)
+    await hide_unowned(request, Owned.UNDO_ENTRY, request.path_params["entry"])
+    entry = await action(runtime, request.state.org_id)
     return json_response(undo_entry_json(entry))
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
+from undolog.logs import internal_error_message
 from undolog.store.records import (
     ApprovalRecord,
     EffectRecord,
@@ -101,12 +102,6 @@ def error_body(request_id: str, code: str, message: str, **extra: Any) -> dict[s
     }
     body.update({k: v for k, v in extra.items() if v is not None})
     return body
-
-
-def internal_error_message(request_id: str) -> str:
-    """What a client is told about a bug: a fixed text and the request id that finds the
-    details in the log; never the exception, whose text may carry internals."""
-    return f"internal error: the proxy logged the details under request id {request_id}"
 
 
 def error_response(

@@ -25,8 +25,9 @@ from undolog.engine.model import now_us
 from undolog_sdk.errors import UndoLogError
 
 if TYPE_CHECKING:
-    from undolog.engine import Decision
-    from undolog.proxy.app import Runtime
+    from undolog.engine import Decision, Engine
+    from undolog.services.lease import LeaseKeeper
+    from undolog.services.metrics import ProxyMetrics
 
 __all__ = ["SPOOL_FILE", "HeldResults"]
 
@@ -47,8 +48,20 @@ def _append_line(path: Path, line: bytes) -> None:
 class HeldResults:
     """The spool file and the background commits of held results (one task per result)."""
 
-    def __init__(self, spool_dir: str) -> None:
+    def __init__(
+        self,
+        spool_dir: str,
+        *,
+        engine: Engine,
+        leases: LeaseKeeper,
+        metrics: ProxyMetrics,
+        backoff_ms: int,
+    ) -> None:
         self.path = Path(spool_dir) / SPOOL_FILE
+        self.engine = engine
+        self.leases = leases
+        self.metrics = metrics
+        self.backoff_ms = backoff_ms
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -62,9 +75,7 @@ class HeldResults:
                 return False
         return True
 
-    async def hold(
-        self, runtime: Runtime, decision: Decision, result_json: str, undoable: bool, log: Any
-    ) -> None:
+    async def hold(self, decision: Decision, result_json: str, undoable: bool, log: Any) -> None:
         """Spool a result whose commit failed and keep committing it in the background."""
         org_id, effect_id = decision.tool.org_id, decision.effect_id
         record = {
@@ -79,45 +90,40 @@ class HeldResults:
         }
         if not await self.spool(record):
             log.error("held_result_not_spooled", spool=str(self.path))
-        runtime.metrics.held_results.labels("held").inc()
+        self.metrics.held_results.labels("held").inc()
         log.warning("held_result", spool=str(self.path))
-        key = runtime.leases.acquire(org_id, effect_id, decision.attempt)
-        task = asyncio.create_task(self._keep_committing(runtime, key, result_json, undoable, log))
+        key = self.leases.acquire(org_id, effect_id, decision.attempt)
+        task = asyncio.create_task(self._keep_committing(key, result_json, undoable, log))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _keep_committing(
-        self,
-        runtime: Runtime,
-        key: tuple[str, str, int],
-        result_json: str,
-        undoable: bool,
-        log: Any,
+        self, key: tuple[str, str, int], result_json: str, undoable: bool, log: Any
     ) -> None:
         org_id, effect_id, _ = key
-        delay = runtime.commit_retry_backoff_ms / 1000
+        delay = self.backoff_ms / 1000
         try:
             while True:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_BACKOFF_S)
                 try:
-                    await runtime.engine.commit(org_id, effect_id, result_json, undoable=undoable)
+                    await self.engine.commit(org_id, effect_id, result_json, undoable=undoable)
                 except UndoLogError as exc:
                     if not exc.retryable:  # settled meanwhile (an operator resolved it)
                         log.warning("held_result_settled_elsewhere", error=exc.code)
                         return
-                    if time.monotonic() >= runtime.leases.valid_until(key):
+                    if time.monotonic() >= self.leases.valid_until(key):
                         break
                     continue
-                runtime.metrics.held_results.labels("committed").inc()
+                self.metrics.held_results.labels("committed").inc()
                 log.info("held_result_committed")
                 await self.spool({"status": "committed", "org_id": org_id,
                                   "effect_id": effect_id, "committed_us": now_us()})  # fmt: skip
                 return
-            runtime.metrics.held_results.labels("given_up").inc()
+            self.metrics.held_results.labels("given_up").inc()
             log.error("held_result_given_up", spool=str(self.path))
         finally:
-            runtime.leases.release(key)
+            self.leases.release(key)
 
     async def close(self) -> None:
         """Stop retrying (at shutdown): what is not committed stays in the spool."""

@@ -4,9 +4,10 @@ A run holds its effect under a lease (`--lease-seconds`). While this process run
 hot path, an approved call, an MCP gateway call, or a result whose commit is being retried —
 `LeaseKeeper` extends the lease every third of it (one UPDATE per call, no event), so a call
 that outlives the lease on a live proxy is still `in_progress` to a duplicate, never lost. Only
-a dead process stops renewing: then `sweep_leases_forever` (one task per proxy, safe with many
-proxies on one PostgreSQL) moves the effect to `in_doubt` without waiting for a retry (or to
-`failed` for an `idempotent_upstream` tool: its retry runs it again under the same key).
+a dead process stops renewing: then the lease sweep (`undolog.services.sweeps`, one task per
+proxy, safe with many proxies on one PostgreSQL) moves the effect to `in_doubt` without waiting
+for a retry (or to `failed` for an `idempotent_upstream` tool: its retry runs it again under
+the same key).
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ from undolog_sdk.errors import UndoLogError
 
 if TYPE_CHECKING:
     from undolog.engine import Engine
-    from undolog.proxy.app import Runtime
 
-__all__ = ["LeaseKeeper", "sweep_leases_forever"]
+__all__ = ["LeaseKeeper"]
 
 RunKey = tuple[str, str, int]  # org id, effect id, attempt
 
@@ -113,29 +113,3 @@ class LeaseKeeper:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-
-
-async def sweep_leases_forever(runtime: Runtime, interval_seconds: float) -> None:
-    """Move `executing` effects whose lease expired to `in_doubt`, every `interval_seconds`,
-    until cancelled. No error ends the loop (a dead sweeper would leave orphans invisible)."""
-    while True:
-        try:
-            moved = await runtime.engine.sweep_expired()
-        except UndoLogError as exc:  # the store is down: try again next round
-            runtime.log.warning("lease_sweep_failed", error=exc.message)
-            moved = []
-        except Exception:
-            runtime.log.exception("lease_sweep_failed")
-            moved = []
-        for effect in moved:
-            if effect.state == "in_doubt":
-                runtime.metrics.effects_in_doubt.labels("lease_expired").inc()
-            runtime.log.warning(
-                "effect_in_doubt" if effect.state == "in_doubt" else "effect_failed",
-                reason="lease_expired",
-                org_id=effect.org_id,
-                session_id=effect.session_id,
-                effect_id=effect.effect_id,
-                tool_name=effect.tool_name,
-            )
-        await asyncio.sleep(interval_seconds)

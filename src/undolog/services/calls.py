@@ -1,0 +1,329 @@
+"""The life of a call, for every front end: intercept, run upstream, commit or fail.
+
+`run_call` takes one tool call through the engine and says how it ended as a `CallOutcome`,
+which the REST proxy (`undolog.proxy.toolcall`) and the MCP gateway (`undolog.mcp.gateway`)
+each render in their own protocol. `execute_decision` runs an Execute decision upstream and
+commits it (with retries, holding the result if the store stays down); approvals use it through
+`run_approved`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import orjson
+
+from undolog.engine import Decision, Outcome
+from undolog.engine.approvals import DecisionResult
+from undolog.engine.model import ORG_WIDE, Actor
+from undolog.engine.states import REPLAYABLE_STATES
+from undolog.faults import crash_point
+from undolog.services.executor import ToolTransportError, ToolUnreachable
+from undolog_sdk.errors import (
+    AdvisoryLockTimeout,
+    CommitFailed,
+    Database,
+    DuplicateSignature,
+    EffectInDoubt,
+    InterceptFailed,
+    Internal,
+    Serialization,
+    ToolError,
+    UndoLogError,
+)
+
+if TYPE_CHECKING:
+    from undolog.services.runtime import Runtime
+
+__all__ = [
+    "Call",
+    "CallOutcome",
+    "CallStatus",
+    "Execution",
+    "execute_decision",
+    "refused",
+    "run_approved",
+    "run_call",
+]
+
+T = TypeVar("T")
+
+# Failures of the engine itself (as opposed to answers about the call): `intercept_failed`.
+_ENGINE_FAILURES = (Database, Internal, Serialization, AdvisoryLockTimeout, DuplicateSignature)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One tool call as a front end received it (the org always from the API key)."""
+
+    org_id: str
+    session_id: str
+    tool_name: str
+    args: Any
+    step_index: int | None = None
+    tool_version: str | None = None
+    mode: str = "proxy"
+    actor: Actor = ORG_WIDE  # whose key: an agent key uses its own sessions only
+
+
+class CallStatus(StrEnum):
+    """How a call ended, whatever the front end."""
+
+    REPLAYED = "replayed"  # recorded before: `decision.result_json`; the tool did not run
+    PENDING_APPROVAL = "pending_approval"  # waits for a person: `decision.approval_id`
+    EXECUTE = "execute"  # SDK mode: the agent runs it and commits
+    EXECUTED = "executed"  # ran now: `result_json` (maybe held, maybe another run's)
+    FAILED = "failed"  # ran (or tried to) and gave no result: `error`
+    REFUSED = "refused"  # the engine refused the call: `error`
+    INTERCEPT_FAILED = "intercept_failed"  # the engine itself failed: `error`
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    """The front-end-neutral result of `run_call`: the one place an engine answer becomes
+    what a front end says. REST renders it as JSON (`undolog.proxy.toolcall`), MCP as a
+    `CallToolResult` or a JSON-RPC error (`undolog.mcp.gateway`).
+
+    `commit_pending`: answered although its commit failed (held: `undolog.services.held`).
+    `replayed`: another run of the same effect committed first; `result_json` is its result.
+    """
+
+    status: CallStatus
+    decision: Decision | None = None
+    result_json: str | None = None
+    error: UndoLogError | None = None
+    commit_pending: bool = False
+    replayed: bool = False
+
+    @property
+    def answered(self) -> Decision | None:
+        """The decision when this answer ends the call (replayed, or run): the answer whose
+        delivery the front end reports (`undolog.services.delivery`)."""
+        if self.status in (CallStatus.REPLAYED, CallStatus.EXECUTED, CallStatus.FAILED):
+            return self.decision
+        return None
+
+
+def refused(exc: UndoLogError, log: Any) -> CallOutcome:
+    """A call the engine would not take: refused, or the engine's own failure (logged)."""
+    if isinstance(exc, _ENGINE_FAILURES):
+        log.warning("intercept_failed", error=exc.message)
+        return CallOutcome(CallStatus.INTERCEPT_FAILED, error=InterceptFailed(exc.message))
+    return CallOutcome(CallStatus.REFUSED, error=exc)
+
+
+async def run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcome:
+    """Take one call through the engine and, in proxy mode, run it: the one path of a call
+    for REST and MCP alike.
+
+    A step-less call the proxy runs first waits for the delivery marks of its session's
+    earlier answers (`undolog.services.delivery`), so that a repeat is not taken for a retry.
+    """
+    log = runtime.log.bind(request_id=request_id, org_id=call.org_id, session_id=call.session_id)
+    if call.step_index is None and call.mode == "proxy":
+        await runtime.deliveries.settle(call.org_id, call.session_id)
+    try:
+        decision = await _timed(
+            runtime,
+            "intercept",
+            lambda: runtime.engine.intercept(
+                call.org_id,
+                call.session_id,
+                call.tool_name,
+                call.args,
+                step_index=call.step_index,
+                tool_version=call.tool_version,
+                mode=call.mode,
+                actor=call.actor,
+            ),
+        )
+    except UndoLogError as exc:
+        return refused(exc, log)
+    if decision.outcome is Outcome.REPLAY:
+        return CallOutcome(CallStatus.REPLAYED, decision, decision.result_json)
+    if decision.outcome is Outcome.AWAITING_APPROVAL:
+        return CallOutcome(CallStatus.PENDING_APPROVAL, decision)
+    if call.mode == "sdk":
+        return CallOutcome(CallStatus.EXECUTE, decision)
+    execution = await execute_decision(
+        runtime, decision, call.args, call.session_id, request_id, log
+    )
+    if execution.error is not None:
+        return CallOutcome(CallStatus.FAILED, decision, error=execution.error)
+    return CallOutcome(
+        CallStatus.EXECUTED,
+        decision,
+        execution.result_json,
+        commit_pending=execution.commit_pending,
+        replayed=execution.replayed,
+    )
+
+
+async def _timed(runtime: Runtime, method: str, call: Callable[[], Awaitable[T]]) -> T:
+    started = time.perf_counter()
+    try:
+        return await call()
+    except Exception:
+        runtime.metrics.engine_rpc_errors.labels(method).inc()
+        raise
+    finally:
+        runtime.metrics.engine_rpc_duration.labels(method).observe(time.perf_counter() - started)
+
+
+async def _with_retries(runtime: Runtime, method: str, call: Callable[[], Awaitable[T]]) -> T:
+    """Commit/Fail: retried with bounded exponential backoff on transient store errors."""
+    delay = runtime.commit_retry_backoff_ms / 1000
+    for attempt in range(1, runtime.commit_retry_attempts + 1):
+        try:
+            return await _timed(runtime, method, call)
+        except UndoLogError as exc:
+            if not exc.retryable or attempt == runtime.commit_retry_attempts:
+                raise
+        runtime.metrics.engine_rpc_retries.labels(method).inc()
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """How a run went: committed with `result_json`, or not, with the error to answer.
+
+    `commit_pending`: the result is answered although its commit failed; it is spooled and
+    committed in the background (`undolog.services.held`). `replayed`: another run of the same
+    effect committed first, and `result_json` is the recorded result.
+    """
+
+    result_json: str | None
+    error: UndoLogError | None
+    commit_pending: bool = False
+    replayed: bool = False
+
+
+async def execute_decision(
+    runtime: Runtime, decision: Decision, args: Any, session_id: str, request_id: str, log: Any
+) -> Execution:
+    """Run an Execute decision on the upstream, then commit it (or fail it, or put it in doubt).
+
+    While it runs, this process renews the effect's lease. A failure that proves the request
+    never reached the tool fails the effect (`ToolError`; a retry runs it again). An ambiguous
+    outcome (timeout, connection lost after sending, no ToolResult) puts it `in_doubt`
+    (`EffectInDoubt`) — unless the tool is `idempotent_upstream`: then it is failed, and the
+    retry runs it again with the same Idempotency-Key. A result whose commit keeps failing is
+    held (spooled, answered, committed in the background), never dropped.
+    """
+    if not decision.logged:
+        return await _run_and_settle(runtime, decision, args, session_id, request_id, log)
+    with runtime.leases.hold(decision.tool.org_id, decision.effect_id, decision.attempt):
+        return await _run_and_settle(runtime, decision, args, session_id, request_id, log)
+
+
+async def _run_and_settle(
+    runtime: Runtime, decision: Decision, args: Any, session_id: str, request_id: str, log: Any
+) -> Execution:
+    org_id = decision.tool.org_id
+    effect_id = decision.effect_id
+    log = log.bind(effect_id=effect_id, tool_name=decision.tool.name)
+    started = time.perf_counter()
+    crash_point("after_intent")
+    try:
+        result = await runtime.executor.call(
+            decision.tool.name,
+            args,
+            session_id=session_id,
+            effect_id=effect_id,
+            request_id=request_id,
+            org_id=org_id,
+            upstream=decision.tool.upstream,
+        )
+    except ToolTransportError as exc:
+        runtime.metrics.executor_duration.labels("error").observe(time.perf_counter() - started)
+        message = str(exc)
+        log.warning("tool_error", error=message)
+        if not decision.logged:
+            return Execution(None, ToolError(message))
+        unreachable = isinstance(exc, ToolUnreachable)
+        if unreachable or decision.tool.idempotent_upstream:
+            # Never ran, or safe to run again under the same key: failed, and a retry reruns it.
+            try:
+                await _with_retries(
+                    runtime, "fail", lambda: runtime.engine.fail(org_id, effect_id, message)
+                )
+            except UndoLogError as fail_exc:
+                log.error("fail_not_recorded", error=fail_exc.message)
+            return Execution(None, ToolError(message))
+        return await _in_doubt(runtime, decision, message, log)
+    runtime.metrics.executor_duration.labels("success" if result.success else "failure").observe(
+        time.perf_counter() - started
+    )
+    result_json = result.to_json()
+    crash_point("after_answer")
+    if not decision.logged:
+        return Execution(result_json, None)
+    try:
+        await _with_retries(
+            runtime,
+            "commit",
+            lambda: runtime.engine.commit(org_id, effect_id, result_json, undoable=result.success),
+        )
+    except UndoLogError as exc:
+        if exc.retryable:  # the store is unavailable: hold the result, never drop it
+            await runtime.held.hold(decision, result_json, result.success, log)
+            return Execution(result_json, None, commit_pending=True)
+        recorded = await _recorded_result(runtime, org_id, effect_id)
+        if recorded is not None:  # another run of this effect committed first: its result
+            return Execution(recorded, None, replayed=True)
+        log.error("commit_failed", error=exc.message)
+        return Execution(None, CommitFailed(exc.message))
+    crash_point("after_commit")
+    return Execution(result_json, None)
+
+
+async def _in_doubt(runtime: Runtime, decision: Decision, message: str, log: Any) -> Execution:
+    """The tool may have run: the effect is `in_doubt` until an operator resolves it."""
+    org_id, effect_id = decision.tool.org_id, decision.effect_id
+    runtime.metrics.effects_in_doubt.labels("outcome_unknown").inc()
+    log.warning("effect_in_doubt", reason="outcome_unknown", error=message)
+    try:
+        await _with_retries(
+            runtime,
+            "mark_in_doubt",
+            lambda: runtime.engine.mark_in_doubt(
+                org_id, effect_id, message, attempt=decision.attempt
+            ),
+        )
+    except UndoLogError as exc:  # the lease runs down and the sweeper marks it instead
+        log.error("in_doubt_not_recorded", error=exc.message)
+    return Execution(None, EffectInDoubt(effect_id))
+
+
+async def _recorded_result(runtime: Runtime, org_id: str, effect_id: str) -> str | None:
+    """The effect's recorded result if it has committed (a replayable state), else None."""
+    try:
+        effect = await runtime.engine.get_effect(org_id, effect_id)
+    except UndoLogError:
+        return None
+    if effect.state not in REPLAYABLE_STATES:
+        return None
+    return effect.result_json or "null"
+
+
+async def run_approved(
+    runtime: Runtime, result: DecisionResult, request_id: str
+) -> Execution | None:
+    """Carry out an approval's decision: run a proxy-executed call now, once. None when the
+    agent runs it (SDK mode: its retry of the call runs it)."""
+    if result.run is None:
+        return None
+    effect = result.effect
+    log = runtime.log.bind(
+        request_id=request_id, org_id=effect.org_id, session_id=effect.session_id
+    )
+    return await execute_decision(
+        runtime, result.run, orjson.loads(effect.args_json), effect.session_id, request_id, log
+    )

@@ -1,0 +1,125 @@
+"""Driving a session's rollback: the proxy as a compensation runner.
+
+`run_rollback` moves the session to `compensating` and runs, newest first, every entry whose
+compensation lives on the tool server (entries of proxy-executed calls), each with up to
+`max_retries` retries `retry_backoff_ms` apart. It stops when the stack is done, when an entry
+gives up (`compensation_failed`), or when the top entry belongs to the SDK
+(`waiting_for_runner`: the SDK claims it, runs it and reports, then calls rollback again).
+Front ends render the `RollbackStatus` it returns (`undolog.proxy.undo` for REST).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+from undolog.engine.saga import Claim, RollbackStatus
+from undolog.faults import crash_point
+from undolog.services.executor import ToolResult, ToolTransportError, ToolUnreachable
+from undolog_sdk.errors import CompensationFailed, ToolNotRegistered, UndoLogError
+
+if TYPE_CHECKING:
+    from undolog.services.runtime import Runtime
+
+__all__ = ["run_rollback"]
+
+
+async def _compensation_upstream(runtime: Runtime, claim: Claim) -> str | None:
+    """The upstream of the forward call's tool: a compensation lives where its tool does.
+
+    None (the `default` upstream) when the tool is no longer registered.
+    """
+    try:
+        tool = await runtime.engine.get_tool(claim.entry.org_id, claim.effect.tool_name)
+    except ToolNotRegistered:
+        return None
+    return tool.upstream
+
+
+async def _renew_claim(runtime: Runtime, claim: Claim) -> None:
+    """Keep a running compensation's claim alive (every third of a lease) until cancelled."""
+    entry = claim.entry
+    while True:
+        await asyncio.sleep(runtime.leases.interval)
+        with contextlib.suppress(UndoLogError):  # the store is down: the claim runs down
+            await runtime.saga.renew_claim(entry.org_id, entry.entry_id, claim.token)
+
+
+async def _call_compensation(
+    runtime: Runtime, claim: Claim, request_id: str, upstream: str | None
+) -> ToolResult:
+    entry = claim.entry
+    renewer = asyncio.create_task(_renew_claim(runtime, claim))
+    try:
+        return await runtime.executor.call(
+            entry.fn_name,
+            claim.payload,
+            session_id=entry.session_id,
+            effect_id=entry.effect_id,
+            request_id=request_id,
+            org_id=entry.org_id,
+            upstream=upstream,
+            idempotency_key=entry.entry_id,
+        )
+    finally:
+        renewer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewer
+
+
+async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | None:
+    """Run one claimed compensation with its retries; None on success, else the last error.
+
+    It goes through the same executor path as a forward call: same upstream, org header signed.
+    A compensation whose outcome is unknown (a timeout, a connection lost after sending, an
+    answer that is no ToolResult) is tried again only when it is declared idempotent;
+    otherwise the entry needs an operator at once (`Saga.give_up`).
+    """
+    entry = claim.entry
+    backoff = entry.retry_backoff_ms / 1000
+    upstream = await _compensation_upstream(runtime, claim)
+    for attempt in range(max(1, claim.attempts_left)):
+        if attempt:
+            await asyncio.sleep(backoff)
+            if not await runtime.saga.start_attempt(entry.org_id, entry.entry_id, claim.token):
+                return None  # taken over or settled meanwhile: not ours to run
+        try:
+            result = await _call_compensation(runtime, claim, request_id, upstream)
+            error = None if result.success else (result.error or "compensation reported failure")
+        except ToolTransportError as exc:
+            error = str(exc)
+            if not isinstance(exc, ToolUnreachable) and not claim.idempotent:
+                runtime.metrics.effects_in_doubt.labels("compensation_unknown").inc()
+                try:
+                    await runtime.saga.give_up(
+                        entry.org_id,
+                        entry.entry_id,
+                        f"compensation outcome unknown: {error}",
+                        claim.token,
+                    )
+                except CompensationFailed:
+                    return error
+        crash_point("mid_rollback")
+        if error is None:
+            await runtime.saga.complete(entry.org_id, entry.entry_id, claim.token)
+            return None
+        try:
+            await runtime.saga.fail_attempt(entry.org_id, entry.entry_id, error, claim.token)
+        except CompensationFailed:
+            return error
+    return error  # pragma: no cover - fail_attempt raises on the last attempt
+
+
+async def run_rollback(
+    runtime: Runtime, org_id: str, session_id: str, request_id: str
+) -> tuple[RollbackStatus, str | None]:
+    """Unwind as far as this runner can; returns where the rollback stands."""
+    await runtime.saga.begin(org_id, session_id)
+    while True:
+        claimed = await runtime.saga.claim(org_id, session_id, "proxy")
+        if isinstance(claimed, RollbackStatus):
+            return claimed, None
+        error = await _run_claim(runtime, claimed, request_id)
+        if error is not None:
+            return RollbackStatus.COMPENSATION_FAILED, error

@@ -1,0 +1,76 @@
+"""The background sweeps each proxy runs, until cancelled: expired approvals, expired leases.
+
+No error ends a sweep: a dead sweeper would leave every later approval pending forever, or
+orphaned calls invisible. Both are safe to run in many processes on one PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from undolog.services.calls import run_approved
+from undolog_sdk.errors import UndoLogError
+
+if TYPE_CHECKING:
+    from undolog.services.runtime import Runtime
+
+__all__ = ["sweep_approvals_forever", "sweep_leases_forever"]
+
+
+async def sweep_approvals_forever(runtime: Runtime, interval_seconds: float) -> None:
+    """Time out expired approvals (or auto-approve and run them), until cancelled.
+
+    No error ends the loop: a sweeper that died would leave every later approval pending
+    forever. One failed run does not keep the others of its round from running.
+    """
+    while True:
+        try:
+            results = await runtime.approvals.sweep()
+        except UndoLogError as exc:  # the store is down: try again next round
+            runtime.log.warning("approval_sweep_failed", error=exc.message)
+            results = []
+        except Exception:
+            runtime.log.exception("approval_sweep_failed")
+            results = []
+        for result in results:
+            approval = result.approval
+            runtime.log.info(
+                "approval_swept",
+                org_id=approval.org_id,
+                approval_id=approval.approval_id,
+                status=approval.status,
+            )
+            if result.run is None:
+                continue
+            try:
+                await run_approved(runtime, result, f"sweep-{approval.approval_id}")
+            except Exception:
+                runtime.log.exception("approval_run_failed", approval_id=approval.approval_id)
+        await asyncio.sleep(interval_seconds)
+
+
+async def sweep_leases_forever(runtime: Runtime, interval_seconds: float) -> None:
+    """Move `executing` effects whose lease expired to `in_doubt`, every `interval_seconds`,
+    until cancelled. No error ends the loop (a dead sweeper would leave orphans invisible)."""
+    while True:
+        try:
+            moved = await runtime.engine.sweep_expired()
+        except UndoLogError as exc:  # the store is down: try again next round
+            runtime.log.warning("lease_sweep_failed", error=exc.message)
+            moved = []
+        except Exception:
+            runtime.log.exception("lease_sweep_failed")
+            moved = []
+        for effect in moved:
+            if effect.state == "in_doubt":
+                runtime.metrics.effects_in_doubt.labels("lease_expired").inc()
+            runtime.log.warning(
+                "effect_in_doubt" if effect.state == "in_doubt" else "effect_failed",
+                reason="lease_expired",
+                org_id=effect.org_id,
+                session_id=effect.session_id,
+                effect_id=effect.effect_id,
+                tool_name=effect.tool_name,
+            )
+        await asyncio.sleep(interval_seconds)

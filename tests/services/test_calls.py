@@ -1,0 +1,82 @@
+"""`undolog.services.calls`: the one place an engine answer becomes a front-end-neutral
+`CallOutcome` (pure parts; the whole path runs in tests/proxy and tests/mcp)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from undolog.engine import Decision, Outcome
+from undolog.services.calls import CallOutcome, CallStatus, refused
+from undolog.store.records import ToolRecord
+from undolog_sdk.errors import (
+    AdvisoryLockTimeout,
+    Database,
+    InProgress,
+    InterceptFailed,
+    InvalidRequest,
+    ToolNotRegistered,
+    UndoLogError,
+)
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.warnings: list[tuple[str, dict[str, Any]]] = []
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self.warnings.append((event, fields))
+
+
+def _decision() -> Decision:
+    tool = ToolRecord.__new__(ToolRecord)  # only identity matters here
+    return Decision(Outcome.EXECUTE, "effect-1", 0, "sig", tool)
+
+
+@pytest.mark.parametrize(
+    "failure", [Database("connection lost"), AdvisoryLockTimeout("sig", 3)], ids=type
+)
+def test_the_engines_own_failure_is_an_intercept_failure_and_is_logged(
+    failure: UndoLogError,
+) -> None:
+    log = _Log()
+    outcome = refused(failure, log)
+    assert outcome.status is CallStatus.INTERCEPT_FAILED
+    assert isinstance(outcome.error, InterceptFailed)
+    assert outcome.error.message == failure.message
+    assert log.warnings == [("intercept_failed", {"error": failure.message})]
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [InvalidRequest("missing args"), ToolNotRegistered("t", "o"), InProgress("e", 2)],
+    ids=type,
+)
+def test_an_answer_about_the_call_is_a_refusal_carrying_the_engines_error(
+    refusal: UndoLogError,
+) -> None:
+    log = _Log()
+    outcome = refused(refusal, log)
+    assert outcome.status is CallStatus.REFUSED
+    assert outcome.error is refusal
+    assert outcome.answered is None
+    assert log.warnings == []
+
+
+@pytest.mark.parametrize(
+    ("status", "ends_the_call"),
+    [
+        (CallStatus.REPLAYED, True),
+        (CallStatus.EXECUTED, True),
+        (CallStatus.FAILED, True),
+        (CallStatus.PENDING_APPROVAL, False),
+        (CallStatus.EXECUTE, False),
+    ],
+)
+def test_only_an_answer_that_ends_the_call_is_reported_for_delivery(
+    status: CallStatus, ends_the_call: bool
+) -> None:
+    decision = _decision()
+    outcome = CallOutcome(status, decision)
+    assert outcome.answered is (decision if ends_the_call else None)
