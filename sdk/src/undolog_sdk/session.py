@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from undolog_sdk.client import UndoLogClient
+from undolog_sdk.client import UndoLogClient, default_client
+from undolog_sdk.compensation import unwind
+from undolog_sdk.errors import AwaitingApprovalError, EffectInDoubt, InProgress
 
 __all__ = ["UndoLogSession"]
 
@@ -49,9 +49,6 @@ class UndoLogSession:
         that ends normally completes it. A block left by an error that means "not now" —
         `AwaitingApprovalError`, `InProgress`, `EffectInDoubt` — does neither: the session
         stays open, to be resumed with the same session id once the call can go on."""
-        from undolog_sdk.decorators import AwaitingApprovalError
-        from undolog_sdk.errors import EffectInDoubt, InProgress
-
         if not self._used or self._rolled_back:
             return None
         if isinstance(exc_val, AwaitingApprovalError | InProgress | EffectInDoubt):
@@ -75,16 +72,12 @@ class UndoLogSession:
                 or resolve it (`undolog undo retry|resolve`).
             EffectInDoubt: a call's outcome is unknown; an operator must resolve it first.
         """
-        from undolog_sdk.compensation import unwind
-
         self._rolled_back = True
         return await unwind(self._client(), self.org_id, self.session_id)
 
     def _client(self) -> UndoLogClient:
         if self.client is None:
-            from undolog_sdk.decorators import _get_default_client
-
-            self.client = _get_default_client()
+            self.client = default_client()
         return self.client
 
     def next_step(self) -> int:
