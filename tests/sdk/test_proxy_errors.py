@@ -99,3 +99,22 @@ def test_awaiting_approval_error_survives_pickling_with_its_fields() -> None:
         5,
     )
     assert str(again) == str(exc)
+
+
+def test_add_note_uses_the_exceptions_own_method_where_there_is_one() -> None:
+    exc = RuntimeError("boom")
+    errors.add_note(exc, "first")
+    errors.add_note(exc, "second")
+    assert exc.__notes__ == ["first", "second"]
+
+
+def test_add_note_keeps_notes_where_exceptions_have_no_add_note() -> None:
+    """Python 3.10's exceptions have no `add_note`: the notes go where 3.11 keeps them."""
+
+    class Py310Error:  # stands in for a 3.10 exception: no add_note, no __notes__
+        __notes__: list[str]
+
+    exc = Py310Error()
+    errors.add_note(exc, "first")  # type: ignore[arg-type]
+    errors.add_note(exc, "second")  # type: ignore[arg-type]
+    assert exc.__notes__ == ["first", "second"]

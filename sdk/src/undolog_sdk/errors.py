@@ -466,6 +466,19 @@ class AwaitingApprovalError(RuntimeError):
         return (type(self), (self.approval_id, self.tool_name, self.step_index), self.__dict__)
 
 
+def add_note(exc: BaseException, note: str) -> None:
+    """`exc.add_note(note)`, also on Python 3.10 (which the SDK supports), where the note is
+    kept in `__notes__` as 3.11 keeps it, though tracebacks do not show it there."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # Python 3.10
+        notes = getattr(exc, "__notes__", None)
+        if not isinstance(notes, list):
+            notes = []
+            exc.__notes__ = notes
+        notes.append(note)
+
+
 # The reference places it in `undolog_sdk.decorators` (python-sdk reference, "Module paths"):
 # its repr and pickles name that module, which re-exports it.
 AwaitingApprovalError.__module__ = "undolog_sdk.decorators"

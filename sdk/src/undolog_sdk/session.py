@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from undolog_sdk.client import UndoLogClient, default_client
 from undolog_sdk.compensation import unwind
-from undolog_sdk.errors import AwaitingApprovalError, EffectInDoubt, InProgress
+from undolog_sdk.errors import AwaitingApprovalError, EffectInDoubt, InProgress, add_note
 
 __all__ = ["UndoLogSession"]
 
@@ -60,7 +60,7 @@ class UndoLogSession:
             try:
                 await self.rollback()
             except Exception as rollback_exc:  # keep the block's own error as the one raised
-                exc_val.add_note(f"UndoLog rollback did not finish: {rollback_exc!r}")
+                add_note(exc_val, f"UndoLog rollback did not finish: {rollback_exc!r}")
         return None
 
     async def rollback(self) -> str:
