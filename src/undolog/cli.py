@@ -15,6 +15,7 @@ import typer
 
 from undolog.config import DEFAULT_HOST, Settings, load_settings
 from undolog_sdk.errors import UndoLogError
+from undolog_sdk.wire import SessionState
 
 app = typer.Typer(add_completion=False, help="UndoLog: exactly-once, undoable, gated tool calls.")
 
@@ -297,7 +298,7 @@ def demo(
     from undolog.demo.scenario import demo_main
 
     view = asyncio.run(demo_main(url, api_key, typer.echo))
-    if view["state"] != "compensated":
+    if view["state"] != SessionState.COMPENSATED:
         raise typer.Exit(1)
 
 

@@ -17,6 +17,8 @@ import httpx
 import orjson
 import typer
 
+from undolog_sdk.wire import ApprovalStatus, RollbackOutcome
+
 __all__ = ["approvals_app", "sessions_app", "undo_app"]
 
 sessions_app = typer.Typer(add_completion=False, help="Inspect and roll back sessions.")
@@ -118,7 +120,7 @@ def sessions_rollback(
         if data.get("message"):
             typer.echo(data["message"])
         typer.echo(render_session(_request("GET", url, api_key, f"/sessions/{session_id}")))
-    if data["outcome"] not in ("compensated", "empty_undo_stack"):
+    if data["outcome"] not in (RollbackOutcome.COMPENSATED, RollbackOutcome.EMPTY):
         raise typer.Exit(1)
 
 
@@ -158,7 +160,7 @@ def _approval_rows(records: list[dict[str, Any]], decided: bool) -> list[list[An
 @approvals_app.command("list")
 def approvals_list(
     state: str = typer.Option(
-        "pending", "--state", help="pending, approved, rejected, timed_out, auto_approved"
+        ApprovalStatus.PENDING.value, "--state", help=", ".join(ApprovalStatus)
     ),
     limit: int = typer.Option(100, "--limit", help="1-500, newest first"),
     url: str = _URL,
@@ -172,7 +174,7 @@ def approvals_list(
         _print_json(data)
         return
     headers = ["approval", "tool", "status", "session", "created", "timeout", "args"]
-    decided = state != "pending"
+    decided = state != ApprovalStatus.PENDING
     if decided:
         headers += ["decided", "by", "reason"]
     typer.echo(_table(_approval_rows(data, decided), headers))

@@ -18,7 +18,7 @@ from typing import Any
 
 from undolog.mcp.config import McpSettings, parse_mcp_settings
 from undolog.upstreams import DEFAULT_UPSTREAM, check_tool_name, check_upstream_url
-from undolog_sdk.tier import CompensationDescriptor
+from undolog_sdk.tier import TIER_VALUES, CompensationDescriptor, ToolTier
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -196,7 +196,6 @@ _TOOL_KEYS = frozenset(
 _KEY_KEYS = frozenset({"name", "role", "key", "sha256"})
 _ROLES = ("agent", "approver", "admin")
 _UPSTREAM_KEYS = frozenset({"name", "url", "secret", "secret_env", "orgs"})
-_TIERS = ("safe", "compensable", "irreversible")
 _DATABASE_SCHEMES = ("sqlite", "postgres", "postgresql")
 _SHA256_HEX = frozenset("0123456789abcdef")
 
@@ -336,8 +335,8 @@ def _tools_from_toml(data: Mapping[str, Any]) -> tuple[ToolConfig, ...]:
         name_problem = check_tool_name(item["name"])
         if name_problem:
             raise ValueError(f"{where}.name: {name_problem}")
-        if item["tier"] not in _TIERS:
-            raise ValueError(f"{where}.tier: expected one of {', '.join(_TIERS)}")
+        if item["tier"] not in TIER_VALUES:
+            raise ValueError(f"{where}.tier: expected one of {', '.join(TIER_VALUES)}")
         compensation = item.get("compensation")
         if compensation is not None:
             _typed(f"{where}.compensation", compensation, dict)
@@ -345,7 +344,7 @@ def _tools_from_toml(data: Mapping[str, Any]) -> tuple[ToolConfig, ...]:
                 CompensationDescriptor.from_dict(compensation)
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from None
-        if item["tier"] == "compensable" and compensation is None:
+        if item["tier"] == ToolTier.COMPENSABLE.value and compensation is None:
             raise ValueError(f"{where}: a compensable tool needs a compensation")
         upstream = item.get("upstream")
         if upstream is not None:

@@ -47,6 +47,19 @@ EXPORTS: dict[str, list[str]] = {
     ],  # fmt: skip
     "undolog_sdk.tier": ["CompensationDescriptor", "ToolTier"],
     "undolog_sdk.signature": ["call_signature", "canonical_json"],
+    "undolog_sdk.wire": [
+        "ApprovalStatus",
+        "CallStatus",
+        "EffectState",
+        "EventType",
+        "ExecutionMode",
+        "Outcome",
+        "RollbackOutcome",
+        "SessionState",
+        "UndoState",
+        "scrub",
+        "unstorable",
+    ],
     "undolog_sdk.errors": [
         "AdvisoryLockTimeout",
         "ApprovalAlreadyResolved",

@@ -31,7 +31,7 @@ from undolog_sdk import (
     current_effect_id,
     undolog_tool,
 )
-from undolog_sdk import decorators as decorators_module
+from undolog_sdk import client as client_module
 from undolog_sdk.errors import (
     ApprovalRejected,
     AuthFailed,
@@ -731,7 +731,7 @@ def default_client_from_env(
 ) -> Iterator[None]:
     monkeypatch.setenv("UNDOLOG_PROXY_URL", proxy.url)
     monkeypatch.setenv("UNDOLOG_API_KEY", proxy.api_key)
-    monkeypatch.setattr(decorators_module, "_default_client", None)
+    monkeypatch.setattr(client_module, "_default_client", None)
     yield
 
 
@@ -747,7 +747,7 @@ async def test_without_a_client_the_decorator_uses_a_default_one_from_the_enviro
     try:
         assert await create_record("r1", _session=session) == "r1"
     finally:
-        default = decorators_module._default_client
+        default = client_module._default_client
         assert default is not None
         await default.aclose()
     assert default.proxy_url == proxy.url

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from undolog_sdk import errors as _errors
+from undolog_sdk.wire import CallStatus, ExecutionMode, Outcome
 
 __all__ = ["InterceptResponse", "ProxyError", "UndoLogClient"]
 
@@ -58,18 +59,183 @@ class ProxyError(httpx.HTTPStatusError):
     retry_after: int | None
     body: dict[str, Any]
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The UndoLogError parents' __init__ take their own fields, not the message: rebuild
+        # from the instance's attributes instead of calling the class with `args`.
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
 
-_TYPED: dict[type[_errors.UndoLogError], type[ProxyError]] = {}
+
+# One ProxyError per error class a wire code names (`errors.error_class_for_code`), the
+# UndoLogError base first: its __init__ is never run (fields are set by hand), and httpx's
+# __init__ chain then ends at Exception without passing through it.
+
+
+class UndoLogErrorProxyError(_errors.UndoLogError, ProxyError):
+    pass
+
+
+class ToolNotRegisteredProxyError(_errors.ToolNotRegistered, ProxyError):
+    pass
+
+
+class DuplicateSignatureProxyError(_errors.DuplicateSignature, ProxyError):
+    pass
+
+
+class InvalidStateTransitionProxyError(_errors.InvalidStateTransition, ProxyError):
+    pass
+
+
+class NotExecutingProxyError(_errors.NotExecuting, ProxyError):
+    pass
+
+
+class CompensationFailedProxyError(_errors.CompensationFailed, ProxyError):
+    pass
+
+
+class EmptyUndoStackProxyError(_errors.EmptyUndoStack, ProxyError):
+    pass
+
+
+class CompensationRegisteredTooLateProxyError(_errors.CompensationRegisteredTooLate, ProxyError):
+    pass
+
+
+class ApprovalAlreadyResolvedProxyError(_errors.ApprovalAlreadyResolved, ProxyError):
+    pass
+
+
+class ApprovalTimedOutProxyError(_errors.ApprovalTimedOut, ProxyError):
+    pass
+
+
+class AdvisoryLockTimeoutProxyError(_errors.AdvisoryLockTimeout, ProxyError):
+    pass
+
+
+class DatabaseProxyError(_errors.Database, ProxyError):
+    pass
+
+
+class SerializationProxyError(_errors.Serialization, ProxyError):
+    pass
+
+
+class InternalProxyError(_errors.Internal, ProxyError):
+    pass
+
+
+class InvalidRequestProxyError(_errors.InvalidRequest, ProxyError):
+    pass
+
+
+class AuthFailedProxyError(_errors.AuthFailed, ProxyError):
+    pass
+
+
+class ForbiddenProxyError(_errors.Forbidden, ProxyError):
+    pass
+
+
+class NotFoundProxyError(_errors.NotFound, ProxyError):
+    pass
+
+
+class MethodNotAllowedProxyError(_errors.MethodNotAllowed, ProxyError):
+    pass
+
+
+class PayloadTooLargeProxyError(_errors.PayloadTooLarge, ProxyError):
+    pass
+
+
+# `retry_after` is an int on InProgress and `int | None` on ProxyError: the proxy's InProgress
+# answer always carries it, and a body without it leaves None (as on any ProxyError).
+class InProgressProxyError(_errors.InProgress, ProxyError):  # type: ignore[misc]
+    pass
+
+
+class ClaimNotHeldProxyError(_errors.ClaimNotHeld, ProxyError):
+    pass
+
+
+# `retry_after` is an int on RateLimited and `int | None` on ProxyError: the proxy's RateLimited
+# answer always carries it, and a body without it leaves None (as on any ProxyError).
+class RateLimitedProxyError(_errors.RateLimited, ProxyError):  # type: ignore[misc]
+    pass
+
+
+class EffectInDoubtProxyError(_errors.EffectInDoubt, ProxyError):
+    pass
+
+
+class SessionClosedProxyError(_errors.SessionClosed, ProxyError):
+    pass
+
+
+class ApprovalRejectedProxyError(_errors.ApprovalRejected, ProxyError):
+    pass
+
+
+class InterceptFailedProxyError(_errors.InterceptFailed, ProxyError):
+    pass
+
+
+class ToolErrorProxyError(_errors.ToolError, ProxyError):
+    pass
+
+
+class CommitFailedProxyError(_errors.CommitFailed, ProxyError):
+    pass
+
+
+_TYPED: dict[type[_errors.UndoLogError], type[ProxyError]] = {
+    cls.__bases__[0]: cls
+    for cls in (
+        UndoLogErrorProxyError,
+        ToolNotRegisteredProxyError,
+        DuplicateSignatureProxyError,
+        InvalidStateTransitionProxyError,
+        NotExecutingProxyError,
+        CompensationFailedProxyError,
+        EmptyUndoStackProxyError,
+        CompensationRegisteredTooLateProxyError,
+        ApprovalAlreadyResolvedProxyError,
+        ApprovalTimedOutProxyError,
+        AdvisoryLockTimeoutProxyError,
+        DatabaseProxyError,
+        SerializationProxyError,
+        InternalProxyError,
+        InvalidRequestProxyError,
+        AuthFailedProxyError,
+        ForbiddenProxyError,
+        NotFoundProxyError,
+        MethodNotAllowedProxyError,
+        PayloadTooLargeProxyError,
+        InProgressProxyError,
+        ClaimNotHeldProxyError,
+        RateLimitedProxyError,
+        EffectInDoubtProxyError,
+        SessionClosedProxyError,
+        ApprovalRejectedProxyError,
+        InterceptFailedProxyError,
+        ToolErrorProxyError,
+        CommitFailedProxyError,
+    )
+}
 
 
 def _typed_class(base: type[_errors.UndoLogError]) -> type[ProxyError]:
-    cls = _TYPED.get(base)
-    if cls is None:
-        # The UndoLogError base first: its __init__ is never run (fields are set by hand), and
-        # httpx's __init__ chain then ends at Exception without passing through it.
-        cls = type(f"{base.__name__}ProxyError", (base, ProxyError), {"__module__": __name__})
-        _TYPED[base] = cls
-    return cls
+    return _TYPED.get(base, UndoLogErrorProxyError)
+
+
+def _rebuild(cls: type[ProxyError], args: tuple[Any, ...], state: dict[str, Any]) -> ProxyError:
+    """Unpickle a `ProxyError` without running an `__init__` (see `ProxyError.__reduce__`)."""
+    exc = cls.__new__(cls)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
 
 
 # Body keys never copied onto the exception: ours, and httpx's own attributes.
@@ -175,26 +341,30 @@ class UndoLogClient:
             "tool_name": tool_name,
             "step_index": step_index,
             "args": args,
-            "mode": "sdk",
+            "mode": ExecutionMode.SDK.value,
         }
         response = await self._post("/mcp/tool_call", body, self._headers(org_id, session_id))
         data = response.json()
         status = data.get("status")
-        if status == "replayed":
-            return InterceptResponse("Replay", data.get("effect_id"), None, data.get("result"))
-        if status == "pending_approval":
+        if status == CallStatus.REPLAYED:
+            return InterceptResponse(
+                Outcome.REPLAY, data.get("effect_id"), None, data.get("result")
+            )
+        if status == CallStatus.PENDING_APPROVAL:
             retry_after = data.get("retry_after")
             return InterceptResponse(
-                "AwaitingApproval",
+                Outcome.AWAITING_APPROVAL,
                 data.get("effect_id"),
                 data.get("approval_id"),
                 None,
                 retry_after if isinstance(retry_after, int) else None,
             )
-        if status == "execute":
-            return InterceptResponse("Execute", data.get("effect_id"))
-        if status == "executed":  # a SAFE tool run by the proxy: nothing to do locally
-            return InterceptResponse("Replay", data.get("effect_id"), None, data.get("result"))
+        if status == CallStatus.EXECUTE:
+            return InterceptResponse(Outcome.EXECUTE, data.get("effect_id"))
+        if status == CallStatus.EXECUTED:  # a SAFE tool run by the proxy: nothing to do locally
+            return InterceptResponse(
+                Outcome.REPLAY, data.get("effect_id"), None, data.get("result")
+            )
         raise _errors.Internal(f"unexpected intercept answer: {data!r}")
 
     async def commit(
@@ -288,3 +458,15 @@ class UndoLogClient:
         """Close the underlying HTTP client (only if this client created it)."""
         if self._owns_client:
             await self._http.aclose()
+
+
+_default_client: UndoLogClient | None = None
+
+
+def default_client() -> UndoLogClient:
+    """The process-wide client used when none is given (to `@undolog_tool` or a session),
+    created on first use from the environment (`UNDOLOG_PROXY_URL`, `UNDOLOG_API_KEY`)."""
+    global _default_client
+    if _default_client is None:
+        _default_client = UndoLogClient()
+    return _default_client

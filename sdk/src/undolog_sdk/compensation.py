@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from undolog_sdk import errors as _errors
+from undolog_sdk.wire import RollbackOutcome
 
 if TYPE_CHECKING:
     from undolog_sdk.client import UndoLogClient
@@ -30,7 +31,8 @@ __all__ = ["compensation", "registered_compensation", "unwind"]
 Compensation = Callable[..., Awaitable[Any]]
 
 _REGISTRY: dict[str, Compensation] = {}
-DONE_OUTCOMES = frozenset({"compensated", "empty_undo_stack"})
+DONE_OUTCOMES = frozenset({RollbackOutcome.COMPENSATED, RollbackOutcome.EMPTY})
+_LEGACY_BLOCKED = "blocked"  # what proxies before 0.x answered for `effect_in_doubt`
 BUSY_DEADLINE_SECONDS = 120.0
 
 
@@ -104,15 +106,17 @@ async def unwind(client: UndoLogClient, org_id: str, session_id: str) -> str:
         entry = answer.get("next_entry") or {}
         # A lost claim (another runner claimed the entry between the proxy's answer and ours)
         # falls through to the wait for `in_progress` below, then asks again.
-        if outcome == "waiting_for_runner" and await _run_entry(client, org_id, entry["entry_id"]):
+        if outcome == RollbackOutcome.WAITING_FOR_RUNNER and await _run_entry(
+            client, org_id, entry["entry_id"]
+        ):
             continue
-        if outcome == "compensation_failed":
+        if outcome == RollbackOutcome.COMPENSATION_FAILED:
             raise _errors.CompensationFailed(
                 str(answer.get("fn_name") or entry.get("fn_name") or "?"),
                 int(answer.get("retries") or entry.get("max_retries") or 0),
                 str(answer.get("reason") or entry.get("last_error") or answer.get("message")),
             )
-        if outcome in ("effect_in_doubt", "blocked"):  # "blocked": proxies before 0.x
+        if outcome in (RollbackOutcome.BLOCKED, _LEGACY_BLOCKED):
             raise _errors.EffectInDoubt(str(entry.get("effect_id")))
         # in_progress (or a lost claim): another runner holds the top entry; wait for it, within a
         # deadline.

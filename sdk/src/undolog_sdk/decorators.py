@@ -20,10 +20,12 @@ import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar, cast
 
-from undolog_sdk.client import UndoLogClient
+from undolog_sdk.client import UndoLogClient, default_client
+from undolog_sdk.errors import AwaitingApprovalError, add_note
 from undolog_sdk.session import UndoLogSession, get_current_session
 from undolog_sdk.signature import call_signature, canonical_json
 from undolog_sdk.tier import CompensationDescriptor, ToolTier
+from undolog_sdk.wire import Outcome
 
 __all__ = ["AwaitingApprovalError", "current_effect_id", "undolog_tool", "wrap_tools"]
 
@@ -32,7 +34,6 @@ R = TypeVar("R")
 _current_effect: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "undolog_current_effect", default=None
 )
-_default_client: UndoLogClient | None = None
 
 
 def current_effect_id() -> str | None:
@@ -42,30 +43,6 @@ def current_effect_id() -> str | None:
     the same for every attempt of one call.
     """
     return _current_effect.get()
-
-
-class AwaitingApprovalError(RuntimeError):
-    """An IRREVERSIBLE call waits for a person to approve it; its body did not run.
-
-    Retry the same call (same session, same arguments) once it is approved. Besides the
-    reference's fields, `retry_after` carries the proxy's hint (seconds) for when to ask again
-    (None when the error was not raised by `@undolog_tool`).
-    """
-
-    retry_after: int | None = None
-
-    def __init__(self, approval_id: str, tool_name: str = "", step_index: int = 0) -> None:
-        super().__init__(f"tool '{tool_name}' (step {step_index}) awaits approval {approval_id}")
-        self.approval_id = approval_id
-        self.tool_name = tool_name
-        self.step_index = step_index
-
-
-def _get_default_client() -> UndoLogClient:
-    global _default_client
-    if _default_client is None:
-        _default_client = UndoLogClient()
-    return _default_client
 
 
 def undolog_tool(
@@ -132,7 +109,7 @@ def undolog_tool(
             args: tuple[Any, ...],
             kwargs: dict[str, Any],
         ) -> Any:
-            c = client or session.client or _get_default_client()
+            c = client or session.client or default_client()
             if session.client is None:
                 session.client = c
             # The step is taken before the first await, so calls started together (gather)
@@ -158,10 +135,10 @@ def undolog_tool(
             except BaseException:
                 session._give_back_step(step)
                 raise
-            if decision.outcome == "Replay":
+            if decision.outcome == Outcome.REPLAY:
                 session._awaiting.pop(signed, None)
                 return decision.cached_result
-            if decision.outcome == "AwaitingApproval":
+            if decision.outcome == Outcome.AWAITING_APPROVAL:
                 session._give_back_step(step)
                 session._awaiting[signed] = decision.approval_id or ""
                 waiting = AwaitingApprovalError(decision.approval_id or "", name_, step)
@@ -177,7 +154,7 @@ def undolog_tool(
                 try:
                     await c.fail(session.org_id, session.session_id, effect_id, _describe(exc))
                 except Exception as fail_exc:  # keep the tool's own error as the one raised
-                    exc.add_note(f"UndoLog could not record this failure: {fail_exc!r}")
+                    add_note(exc, f"UndoLog could not record this failure: {fail_exc!r}")
                 raise
             finally:
                 _current_effect.reset(token)

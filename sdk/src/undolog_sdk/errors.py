@@ -36,6 +36,11 @@ group is what the proxy's REST API adds.
      ├── InterceptFailed                502 intercept_failed
      ├── ToolError                      502 tool_error
      └── CommitFailed                   502 commit_failed
+
+    AwaitingApprovalError (a RuntimeError, not an UndoLogError: "not yet", not a failure)
+
+`AwaitingApprovalError` is defined here with the tree but keeps its reference home,
+`undolog_sdk.decorators` (its `__module__`), where it is re-exported.
 """
 
 from __future__ import annotations
@@ -438,3 +443,42 @@ for _cls in list(globals().values()):
 def error_class_for_code(code: str) -> type[UndoLogError]:
     """The error class for a wire code (`UndoLogError` for an unknown one)."""
     return _BY_CODE.get(code, UndoLogError)
+
+
+class AwaitingApprovalError(RuntimeError):
+    """An IRREVERSIBLE call waits for a person to approve it; its body did not run.
+
+    Retry the same call (same session, same arguments) once it is approved. Besides the
+    reference's fields, `retry_after` carries the proxy's hint (seconds) for when to ask again
+    (None when the error was not raised by `@undolog_tool`).
+    """
+
+    retry_after: int | None = None
+
+    def __init__(self, approval_id: str, tool_name: str = "", step_index: int = 0) -> None:
+        super().__init__(f"tool '{tool_name}' (step {step_index}) awaits approval {approval_id}")
+        self.approval_id = approval_id
+        self.tool_name = tool_name
+        self.step_index = step_index
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its fields: `args` holds the message, which __init__ does not take.
+        return (type(self), (self.approval_id, self.tool_name, self.step_index), self.__dict__)
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """`exc.add_note(note)`, also on Python 3.10 (which the SDK supports), where the note is
+    kept in `__notes__` as 3.11 keeps it, though tracebacks do not show it there."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # Python 3.10
+        notes = getattr(exc, "__notes__", None)
+        if not isinstance(notes, list):
+            notes = []
+            exc.__notes__ = notes
+        notes.append(note)
+
+
+# The reference places it in `undolog_sdk.decorators` (python-sdk reference, "Module paths"):
+# its repr and pickles name that module, which re-exports it.
+AwaitingApprovalError.__module__ = "undolog_sdk.decorators"

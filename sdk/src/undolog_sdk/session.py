@@ -12,10 +12,10 @@ import contextvars
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from undolog_sdk.client import UndoLogClient
+from undolog_sdk.client import UndoLogClient, default_client
+from undolog_sdk.compensation import unwind
+from undolog_sdk.errors import AwaitingApprovalError, EffectInDoubt, InProgress, add_note
 
 __all__ = [
     "UndoLogSession",
@@ -109,9 +109,6 @@ class UndoLogSession:
         A session none of whose calls reached the proxy, or that was rolled back inside the
         block, is left as it is.
         """
-        from undolog_sdk.decorators import AwaitingApprovalError
-        from undolog_sdk.errors import EffectInDoubt, InProgress
-
         if self._tokens:
             _current.reset(self._tokens.pop())
         if not self._used or self._rolled_back:
@@ -127,7 +124,7 @@ class UndoLogSession:
             try:
                 await self.rollback()
             except Exception as rollback_exc:  # keep the block's own error as the one raised
-                exc_val.add_note(f"UndoLog rollback did not finish: {rollback_exc!r}")
+                add_note(exc_val, f"UndoLog rollback did not finish: {rollback_exc!r}")
         return None
 
     async def rollback(self) -> str:
@@ -139,16 +136,12 @@ class UndoLogSession:
                 or resolve it (`undolog undo retry|resolve`).
             EffectInDoubt: a call's outcome is unknown; an operator must resolve it first.
         """
-        from undolog_sdk.compensation import unwind
-
         self._rolled_back = True
         return await unwind(self._client(), self.org_id, self.session_id)
 
     def _client(self) -> UndoLogClient:
         if self.client is None:
-            from undolog_sdk.decorators import _get_default_client
-
-            self.client = _get_default_client()
+            self.client = default_client()
         return self.client
 
     def next_step(self) -> int:

@@ -6,8 +6,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-# `COMPENSATION_LIMITS` and `check_compensation_integer` are for the server side (the config
-# loaders); the public names stay those of the reference.
+from undolog_sdk.wire import unstorable
+
+# `TIER_VALUES`, `COMPENSATION_LIMITS` and `check_compensation_integer` are for the server
+# side (the config loaders); the public names stay those of the reference.
 __all__ = ["CompensationDescriptor", "ToolTier"]
 
 
@@ -33,6 +35,9 @@ class ToolTier(enum.Enum):
     def requires_approval(self) -> bool:
         return self is ToolTier.IRREVERSIBLE
 
+
+# The tier values in order, for config loaders and schemas that list them.
+TIER_VALUES: tuple[str, ...] = tuple(tier.value for tier in ToolTier)
 
 # Ranges a compensation's integers must stay in. The store keeps them in 32-bit columns; past
 # these bounds a value is a mistake anyway (more retries than anyone waits for, a backoff
@@ -106,8 +111,10 @@ class CompensationDescriptor:
         if not isinstance(fn_version, str):
             raise ValueError("compensation.fn_version must be a string")
         for name in ("fn_name", "fn_version"):
-            if "\x00" in data.get(name, ""):  # no store's text column can hold it
-                raise ValueError(f"compensation.{name} must not contain NUL characters")
+            if unstorable(data.get(name, "")):  # no store's text column can hold it
+                raise ValueError(
+                    f"compensation.{name} must not contain NUL characters or lone surrogates"
+                )
         max_retries = data.get("max_retries", 3)
         backoff = data.get("retry_backoff_ms", 1000)
         check_compensation_integer("max_retries", max_retries)

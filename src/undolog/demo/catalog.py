@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from undolog_sdk.tier import ToolTier
+
 __all__ = ["DEMO_TOOLS", "EXAMPLE_TOOLS"]
+
+_SAFE = ToolTier.SAFE.value
+_COMPENSABLE = ToolTier.COMPENSABLE.value
+_IRREVERSIBLE = ToolTier.IRREVERSIBLE.value
 
 
 def _undo(fn_name: str) -> dict[str, Any]:
@@ -13,17 +19,17 @@ def _undo(fn_name: str) -> dict[str, Any]:
 
 
 DEMO_TOOLS: dict[str, dict[str, Any]] = {
-    "search_web": {"tier": "safe"},
-    "send_email": {"tier": "compensable", "compensation": _undo("undo_send_email")},
-    "transfer_funds": {"tier": "compensable", "compensation": _undo("reverse_transfer")},
-    "create_record": {"tier": "compensable", "compensation": _undo("delete_record")},
-    "delete_database": {"tier": "irreversible"},
-    "publish_to_production": {"tier": "irreversible"},
-    "echo": {"tier": "compensable", "compensation": _undo("echo")},
-    "flaky": {"tier": "compensable", "compensation": _undo("echo")},
-    "slow": {"tier": "compensable", "compensation": _undo("echo")},
-    "broken": {"tier": "compensable", "compensation": _undo("echo")},
-    "fail": {"tier": "compensable", "compensation": _undo("echo")},
+    "search_web": {"tier": _SAFE},
+    "send_email": {"tier": _COMPENSABLE, "compensation": _undo("undo_send_email")},
+    "transfer_funds": {"tier": _COMPENSABLE, "compensation": _undo("reverse_transfer")},
+    "create_record": {"tier": _COMPENSABLE, "compensation": _undo("delete_record")},
+    "delete_database": {"tier": _IRREVERSIBLE},
+    "publish_to_production": {"tier": _IRREVERSIBLE},
+    "echo": {"tier": _COMPENSABLE, "compensation": _undo("echo")},
+    "flaky": {"tier": _COMPENSABLE, "compensation": _undo("echo")},
+    "slow": {"tier": _COMPENSABLE, "compensation": _undo("echo")},
+    "broken": {"tier": _COMPENSABLE, "compensation": _undo("echo")},
+    "fail": {"tier": _COMPENSABLE, "compensation": _undo("echo")},
 }
 
 
@@ -36,9 +42,9 @@ def _example_undo(fn_name: str) -> dict[str, Any]:
 # them (`charge_card` as agent.py's): `serve --demo` registers them, since the demo's agent key
 # may not (only admin keys register tools).
 EXAMPLE_TOOLS: dict[str, dict[str, Any]] = {
-    "search_customers": {"tier": "safe"},
+    "search_customers": {"tier": _SAFE},
     "charge_card": {
-        "tier": "compensable",
+        "tier": _COMPENSABLE,
         "compensation": {
             "fn_name": "refund_charge",
             "fn_version": "1.0.0",
@@ -47,7 +53,7 @@ EXAMPLE_TOOLS: dict[str, dict[str, Any]] = {
             "retry_backoff_ms": 1000,
         },
     },
-    "delete_customer_data": {"tier": "irreversible"},
-    "reserve_seat": {"tier": "compensable", "compensation": _example_undo("release_seat")},
-    "issue_ticket": {"tier": "compensable", "compensation": _example_undo("void_ticket")},
+    "delete_customer_data": {"tier": _IRREVERSIBLE},
+    "reserve_seat": {"tier": _COMPENSABLE, "compensation": _example_undo("release_seat")},
+    "issue_ticket": {"tier": _COMPENSABLE, "compensation": _example_undo("void_ticket")},
 }

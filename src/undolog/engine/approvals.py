@@ -30,6 +30,7 @@ from undolog_sdk.errors import (
     NotFound,
     SessionClosed,
 )
+from undolog_sdk.wire import EventType, ExecutionMode, scrub
 
 __all__ = ["LISTABLE_STATUSES", "Approvals", "DecisionResult", "ResolvedByPolicy", "Verdict"]
 
@@ -72,7 +73,7 @@ def _clean_text(value: str | None, name: str) -> str | None:
         raise InvalidRequest(f"'{name}' must be a string")
     if len(value) > MAX_TEXT:
         raise InvalidRequest(f"'{name}' is longer than {MAX_TEXT} characters")
-    return value.replace("\x00", "\ufffd")
+    return scrub(value)
 
 
 class Approvals:
@@ -84,7 +85,7 @@ class Approvals:
         self._clock = clock_us
 
     async def list_approvals(
-        self, org_id: str, status: str | None = "pending", limit: int = 100
+        self, org_id: str, status: str | None = ApprovalStatus.PENDING, limit: int = 100
     ) -> list[ApprovalRecord]:
         if status is not None and status not in LISTABLE_STATUSES:
             raise InvalidRequest(
@@ -177,7 +178,7 @@ class Approvals:
         if not changed:
             raise ApprovalAlreadyResolved(approval.approval_id)
         await q.insert_event(
-            approval.org_id, "approval_approved", approval.session_id, approval.effect_id,
+            approval.org_id, EventType.APPROVAL_APPROVED, approval.session_id, approval.effect_id,
             orjson.dumps({"approval_id": approval.approval_id, "status": status.value,
                           "tool_name": approval.tool_name, "decided_by": decided_by,
                           "reason": reason}).decode(),
@@ -186,7 +187,7 @@ class Approvals:
         decided = await q.get_approval(approval.org_id, approval.approval_id)
         assert decided is not None
         run = None
-        if effect.mode == "proxy":
+        if effect.mode == ExecutionMode.PROXY:
             tool = await q.get_tool(approval.org_id, effect.tool_name)
             if tool is None:  # unregistered since: nothing can run; the effect stays waiting
                 return DecisionResult(decided, effect)
@@ -221,7 +222,7 @@ class Approvals:
                 approval.org_id, approval.session_id, now, state=SessionState.HALTED
             )
         await q.insert_event(
-            approval.org_id, "approval_rejected", approval.session_id, approval.effect_id,
+            approval.org_id, EventType.APPROVAL_REJECTED, approval.session_id, approval.effect_id,
             orjson.dumps({"approval_id": approval.approval_id, "tool_name": approval.tool_name,
                           "decided_by": decided_by, "reason": reason}).decode(),
             now,
@@ -259,7 +260,8 @@ class Approvals:
         if changed:
             await self._close_effect(q, effect, EffectState.TIMED_OUT, now)
             await q.insert_event(
-                approval.org_id, "approval_timed_out", approval.session_id, approval.effect_id,
+                approval.org_id, EventType.APPROVAL_TIMED_OUT, approval.session_id,
+                approval.effect_id,
                 orjson.dumps({"approval_id": approval.approval_id,
                               "tool_name": approval.tool_name}).decode(),
                 now,

@@ -63,10 +63,11 @@ from undolog_sdk.errors import (
 )
 from undolog_sdk.signature import call_signature, canonical_json
 from undolog_sdk.tier import CompensationDescriptor, ToolTier
+from undolog_sdk.wire import EventType, ExecutionMode
 
 __all__ = ["Engine"]
 
-MODES = ("proxy", "sdk")
+MODES = tuple(ExecutionMode)
 # A step-less call identical to an earlier one of the session is a retry of it while the client
 # has not had that call's result: the call has not finished, it failed without a result (a
 # retry runs it again on the same effect, with the same idempotency key), or it was refused
@@ -141,7 +142,7 @@ class Engine(Registry):
         *,
         step_index: int | None = None,
         tool_version: str | None = None,
-        mode: str = "proxy",
+        mode: str = ExecutionMode.PROXY,
         actor: Actor = ORG_WIDE,
     ) -> Decision:
         """Decide what happens to one tool call, durably, before anything runs.
@@ -248,8 +249,8 @@ class Engine(Registry):
         outcome, existing = await self.store.execute_new(
             effect,
             self._new_undo_entry(effect, call.tool),
-            ("effect_intercepted", self._intercepted_payload(effect)),
-            (_REPLAYABLE, "effect_replayed", replay_payload),
+            (EventType.EFFECT_INTERCEPTED, self._intercepted_payload(effect)),
+            (_REPLAYABLE, EventType.EFFECT_REPLAYED, replay_payload),
             owner=call.actor.key_id,
             owner_only=call.actor.own_sessions_only,
         )
@@ -273,7 +274,7 @@ class Engine(Registry):
             async with self.store.autocommit() as q:
                 await q.insert_event(
                     effect.org_id,
-                    "effect_replayed",
+                    EventType.EFFECT_REPLAYED,
                     effect.session_id,
                     effect.effect_id,
                     self._replayed_payload(effect.tool_name, effect.step_index),
@@ -399,7 +400,8 @@ class Engine(Registry):
             undo = self._new_undo_entry(effect, tool)
             payload = self._intercepted_payload(effect)
             # The intent, its undo entry and its event, together (one statement on PostgreSQL).
-            if not await q.insert_executing_effect(effect, undo, "effect_intercepted", payload):
+            event = EventType.EFFECT_INTERCEPTED
+            if not await q.insert_executing_effect(effect, undo, event, payload):
                 return None
             decision = Decision(Outcome.EXECUTE, effect_id, step, signature, tool)
             return _Plan(decision=decision)
@@ -424,7 +426,7 @@ class Engine(Registry):
         await q.insert_approval(approval)
         await q.insert_event(
             org_id,
-            "approval_required",
+            EventType.APPROVAL_REQUIRED,
             session_id,
             effect_id,
             event_json(
@@ -484,7 +486,7 @@ class Engine(Registry):
     @staticmethod
     def _intercepted_payload(effect: EffectRecord) -> str:
         return event_json(
-            {"stage": "executing", "tool_name": effect.tool_name, "tier": effect.tier,
+            {"stage": EffectState.EXECUTING, "tool_name": effect.tool_name, "tier": effect.tier,
              "step_index": effect.step_index, "attempt": 1, "mode": effect.mode}
         )  # fmt: skip
 
@@ -524,7 +526,7 @@ class Engine(Registry):
         if action is Action.REPLAY:
             payload = self._replayed_payload(effect.tool_name, effect.step_index)
             await q.insert_event(
-                org_id, "effect_replayed", effect.session_id, effect_id, payload, now
+                org_id, EventType.EFFECT_REPLAYED, effect.session_id, effect_id, payload, now
             )
             return _Plan(decision=self._replay_decision(effect, tool))
         if action is Action.AWAITING:
@@ -582,12 +584,12 @@ class Engine(Registry):
             raise InvalidStateTransition(effect_id, effect.state, EffectState.EXECUTING.value)
         await q.insert_event(
             org_id,
-            "effect_intercepted",
+            EventType.EFFECT_INTERCEPTED,
             effect.session_id,
             effect_id,
             event_json(
                 {
-                    "stage": "executing",
+                    "stage": EffectState.EXECUTING,
                     "tool_name": effect.tool_name,
                     "tier": effect.tier,
                     "step_index": effect.step_index,
@@ -626,9 +628,9 @@ class Engine(Registry):
         )
         if not changed:
             return False
-        payload = {"stage": "in_doubt", "tool_name": effect.tool_name, "error": reason}
+        payload = {"stage": EffectState.IN_DOUBT, "tool_name": effect.tool_name, "error": reason}
         await q.insert_event(
-            effect.org_id, "effect_failed", effect.session_id, effect.effect_id,
+            effect.org_id, EventType.EFFECT_FAILED, effect.session_id, effect.effect_id,
             event_json(payload), now,
         )  # fmt: skip
         return True
@@ -688,9 +690,13 @@ class Engine(Registry):
             updated_us=now,
         )  # fmt: skip
         if changed:
-            payload = {"stage": "failed", "tool_name": effect.tool_name, "error": LEASE_EXPIRED}
+            payload = {
+                "stage": EffectState.FAILED,
+                "tool_name": effect.tool_name,
+                "error": LEASE_EXPIRED,
+            }
             await q.insert_event(
-                effect.org_id, "effect_failed", effect.session_id, effect.effect_id,
+                effect.org_id, EventType.EFFECT_FAILED, effect.session_id, effect.effect_id,
                 event_json(payload), now,
             )  # fmt: skip
         return changed
@@ -735,7 +741,7 @@ class Engine(Registry):
         error: str | None = None,
     ) -> EffectRecord:
         """An operator settles an `in_doubt` effect as committed (with a result) or failed."""
-        if outcome not in ("committed", "failed"):
+        if outcome not in (EffectState.COMMITTED, EffectState.FAILED):
             raise InvalidRequest("outcome must be 'committed' or 'failed'")
         target = EffectState(outcome)
         async with self.store.reader() as q:
@@ -778,7 +784,8 @@ class Engine(Registry):
             extra["resolved_by"] = "operator"
         if not undoable:
             extra["undo"] = "skipped: the tool reported a logical failure"
-        event = "effect_committed" if target is EffectState.COMMITTED else "effect_failed"
+        committed = target is EffectState.COMMITTED
+        event = EventType.EFFECT_COMMITTED if committed else EventType.EFFECT_FAILED
         scope = self.store.atomic() if undoable else self.store.transaction()
         async with scope as q:
             effect = await q.finish_effect(
@@ -814,7 +821,7 @@ class Engine(Registry):
             events = await q.list_events(org_id, 0, 100_000, session_id=session_id)
         replays: dict[str, int] = {}
         for event in events:
-            if event.type == "effect_replayed" and event.effect_id:
+            if event.type == EventType.EFFECT_REPLAYED and event.effect_id:
                 replays[event.effect_id] = replays.get(event.effect_id, 0) + 1
         return SessionView(session, effects, undo, approvals, replays)
 

@@ -5,7 +5,6 @@ Plain values and pure helpers, shared by the engine, the saga and the approvals.
 
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ from undolog.store.records import (
 )
 from undolog_sdk.errors import CompensationRegisteredTooLate
 from undolog_sdk.tier import ToolTier
+from undolog_sdk.wire import Outcome  # the three answers of intercept, shared with the SDK
 
 __all__ = [
     "ORG_WIDE",
@@ -36,14 +36,6 @@ __all__ = [
     "now_us",
     "session_lock_key",
 ]
-
-
-class Outcome(enum.Enum):
-    """The three answers of intercept (names as in the SDK reference)."""
-
-    EXECUTE = "Execute"
-    REPLAY = "Replay"
-    AWAITING_APPROVAL = "AwaitingApproval"
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,8 @@ from undolog_sdk.errors import (
     InvalidStateTransition,
     NotFound,
 )
+from undolog_sdk.wire import EventType, ExecutionMode
+from undolog_sdk.wire import RollbackOutcome as RollbackStatus
 
 __all__ = ["Claim", "RollbackStatus", "Saga", "StepKind", "hash_claim_token", "plan_next"]
 
@@ -114,18 +116,6 @@ def plan_next(
             return Step(StepKind.OTHER_RUNNER, entry, effect)
         return Step(StepKind.RUN, entry, effect)
     return Step(StepKind.DONE)
-
-
-class RollbackStatus(enum.Enum):
-    """Where a rollback stands after a runner has done what it could."""
-
-    COMPENSATED = "compensated"  # every entry is undone (or skipped/resolved)
-    EMPTY = "empty_undo_stack"  # nothing was ever on the stack
-    COMPENSATION_FAILED = "compensation_failed"  # an entry gave up: an operator must act
-    WAITING_FOR_RUNNER = "waiting_for_runner"  # the top entry is the other runner's
-    # The two refusals carry the wire code they are answered with (409).
-    BUSY = "in_progress"  # another runner holds the top entry
-    BLOCKED = "effect_in_doubt"  # an entry's forward call is in doubt or still running
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +196,8 @@ class Saga:
             await q.update_session(org_id, session_id, now, state=SessionState.COMPENSATING)
             await self._withdraw_approvals(q, session, now, "the session was rolled back")
             await q.insert_event(
-                org_id, "session_compensating", session_id, None,
-                _event({"stage": "compensating", "from": session.state}), now,
+                org_id, EventType.SESSION_COMPENSATING, session_id, None,
+                _event({"stage": SessionState.COMPENSATING, "from": session.state}), now,
             )  # fmt: skip
             return await self._session(q, org_id, session_id)
 
@@ -232,7 +222,7 @@ class Saga:
                 state=EffectState.REJECTED.value, finished_us=now, updated_us=now,
             )  # fmt: skip
             await q.insert_event(
-                session.org_id, "approval_rejected", session.session_id, approval.effect_id,
+                session.org_id, EventType.APPROVAL_REJECTED, session.session_id, approval.effect_id,
                 _event({"approval_id": approval.approval_id, "tool_name": approval.tool_name,
                         "decided_by": "undolog", "reason": reason}),
                 now,
@@ -255,7 +245,7 @@ class Saga:
         Entries whose forward call never committed are skipped on the way down. When the
         stack is done the session becomes `compensated` (`EMPTY` if nothing ever ran).
         """
-        if runner not in ("proxy", "sdk"):
+        if runner not in list(ExecutionMode):
             raise InvalidRequest("runner must be 'proxy' or 'sdk'")
         # The session's lock: two runners (two proxy processes, or a proxy and an SDK) claiming
         # at once take turns, and the second sees the first's claim.
@@ -264,7 +254,8 @@ class Saga:
             if session.state == SessionState.COMPENSATED:
                 return RollbackStatus.COMPENSATED
             if session.state != SessionState.COMPENSATING:
-                raise InvalidStateTransition(session_id, session.state, "compensating")
+                wanted = SessionState.COMPENSATING.value
+                raise InvalidStateTransition(session_id, session.state, wanted)
             while True:
                 now = self._clock()
                 stack = await self._stack(q, org_id, session_id)
@@ -284,7 +275,7 @@ class Saga:
                         lease_expires_us=None,
                     )  # fmt: skip
                     await q.insert_event(
-                        org_id, f"compensation_{target.value}", session_id,
+                        org_id, EventType.compensation(target), session_id,
                         step.entry.effect_id,
                         _event({"entry_id": step.entry.entry_id, "fn_name": step.entry.fn_name}),
                         now,
@@ -335,7 +326,7 @@ class Saga:
             lease_expires_us=None, updated_us=now,
         )  # fmt: skip
         await q.insert_event(
-            entry.org_id, "compensation_failed", entry.session_id, entry.effect_id,
+            entry.org_id, EventType.COMPENSATION_FAILED, entry.session_id, entry.effect_id,
             _event({"entry_id": entry.entry_id, "fn_name": entry.fn_name,
                     "attempt": entry.attempts + 1, "error": error, "in_doubt": True}),
             now,
@@ -394,8 +385,8 @@ class Saga:
             session.org_id, session.session_id, now, state=SessionState.COMPENSATED
         )
         await q.insert_event(
-            session.org_id, "session_compensated", session.session_id, None,
-            _event({"stage": "compensated", "entries": len(stack)}), now,
+            session.org_id, EventType.SESSION_COMPENSATED, session.session_id, None,
+            _event({"stage": SessionState.COMPENSATED, "entries": len(stack)}), now,
         )  # fmt: skip
         return RollbackStatus.COMPENSATED if ran else RollbackStatus.EMPTY
 
@@ -420,7 +411,7 @@ class Saga:
         if not changed:  # pragma: no cover - we hold the write transaction
             raise InvalidStateTransition(entry.entry_id, entry.state, UndoState.RUNNING.value)
         await q.insert_event(
-            org_id, "compensation_started", entry.session_id, entry.effect_id,
+            org_id, EventType.COMPENSATION_STARTED, entry.session_id, entry.effect_id,
             _event({"entry_id": entry.entry_id, "fn_name": entry.fn_name,
                     "attempt": entry.attempts + 1}),
             now,
@@ -483,7 +474,7 @@ class Saga:
                 state=EffectState.COMPENSATED.value, updated_us=now,
             )  # fmt: skip
             await q.insert_event(
-                org_id, "compensation_completed", entry.session_id, entry.effect_id,
+                org_id, EventType.COMPENSATION_COMPLETED, entry.session_id, entry.effect_id,
                 _event({"entry_id": entry_id, "fn_name": entry.fn_name,
                         "attempt": entry.attempts + 1}),
                 now,
@@ -520,7 +511,8 @@ class Saga:
                 claim_token_hash=None if exhausted else entry.claim_token_hash,
             )  # fmt: skip
             await q.insert_event(
-                org_id, "compensation_failed" if exhausted else "compensation_retrying",
+                org_id,
+                EventType.COMPENSATION_FAILED if exhausted else EventType.COMPENSATION_RETRYING,
                 entry.session_id, entry.effect_id,
                 _event({"entry_id": entry_id, "fn_name": entry.fn_name, "attempt": attempts,
                         "error": error}),
@@ -590,7 +582,8 @@ class Saga:
                     org_id, entry.session_id, now, state=SessionState.COMPENSATING
                 )
             await q.insert_event(
-                org_id, f"compensation_{'retried' if note is None else 'resolved'}",
+                org_id,
+                EventType.COMPENSATION_RETRIED if note is None else EventType.COMPENSATION_RESOLVED,
                 entry.session_id, entry.effect_id,
                 _event({"entry_id": entry_id, "fn_name": entry.fn_name, "note": note}), now,
             )  # fmt: skip
@@ -609,7 +602,7 @@ class Saga:
             await q.update_session(org_id, session_id, now, state=SessionState.COMPLETED)
             await self._withdraw_approvals(q, session, now, "the session was completed")
             await q.insert_event(
-                org_id, "session_completed", session_id, None,
-                _event({"stage": "completed"}), now,
+                org_id, EventType.SESSION_COMPLETED, session_id, None,
+                _event({"stage": SessionState.COMPLETED}), now,
             )  # fmt: skip
             return await self._session(q, org_id, session_id)

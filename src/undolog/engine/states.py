@@ -1,14 +1,14 @@
 """Lifecycles of effects, sessions, undo entries and approvals, each with one transition table.
 
 These are pure: no I/O, no clock. `check_effect_transition` is the only gate an effect's state
-passes through; the engine calls it before every write that moves an effect.
+passes through; the engine calls it before every write that moves an effect. The states are
+wire values, defined once in the SDK (`undolog_sdk.wire`) and re-exported here.
 """
 
 from __future__ import annotations
 
-import enum
-
 from undolog_sdk.errors import InvalidStateTransition, NotExecuting
+from undolog_sdk.wire import ApprovalStatus, EffectState, SessionState, UndoState
 
 __all__ = [
     "EFFECT_TRANSITIONS",
@@ -21,48 +21,6 @@ __all__ = [
     "check_effect_transition",
     "check_session_transition",
 ]
-
-
-class EffectState(enum.StrEnum):
-    PENDING = "pending"  # intent recorded, nothing decided yet (never stored past its txn)
-    EXECUTING = "executing"  # the tool may be running; guarded by a lease
-    COMMITTED = "committed"  # ran and its result is recorded: retries replay it
-    FAILED = "failed"  # ran and failed: a retry is a new attempt on the same effect
-    AWAITING_APPROVAL = "awaiting_approval"  # IRREVERSIBLE: waits for a person
-    REJECTED = "rejected"  # a person said no
-    TIMED_OUT = "timed_out"  # nobody decided in time, and the org does not auto-approve
-    IN_DOUBT = "in_doubt"  # the lease expired mid-run: outcome unknown until resolved
-    COMPENSATING = "compensating"  # its compensation is running
-    COMPENSATED = "compensated"  # undone
-    COMPENSATION_FAILED = "compensation_failed"  # the undo gave up: a person must act
-
-
-class SessionState(enum.StrEnum):
-    ACTIVE = "active"  # accepting calls
-    COMPLETED = "completed"  # ended normally
-    FAILED = "failed"  # ended badly; may be rolled back
-    COMPENSATING = "compensating"  # its undo stack is unwinding
-    COMPENSATED = "compensated"  # everything undoable was undone
-    COMPENSATION_FAILED = "compensation_failed"  # the unwinding stopped at a failed entry
-    HALTED = "halted"  # a person rejected one of its calls
-
-
-class UndoState(enum.StrEnum):
-    PENDING = "pending"  # on the stack, not run
-    RUNNING = "running"  # claimed by a runner
-    COMPENSATED = "compensated"  # ran successfully
-    FAILED = "failed"  # exhausted its retries
-    SKIPPED = "skipped"  # its forward call never committed: nothing to undo
-    RESOLVED = "resolved"  # an operator marked it handled by hand
-
-
-class ApprovalStatus(enum.StrEnum):
-    PENDING = "pending"
-    APPROVED = "approved"
-    REJECTED = "rejected"
-    TIMED_OUT = "timed_out"
-    AUTO_APPROVED = "auto_approved"
-
 
 _E = EffectState
 EFFECT_TRANSITIONS: dict[EffectState, frozenset[EffectState]] = {

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from undolog_sdk.tier import check_compensation_integer
+from undolog_sdk.tier import TIER_VALUES, ToolTier, check_compensation_integer
 
 __all__ = [
     "McpCompensation",
@@ -41,7 +41,6 @@ __all__ = [
     "tier_for",
 ]
 
-TIERS = ("safe", "compensable", "irreversible")
 TRANSPORTS = ("stdio", "http")
 PREFIX_SEPARATOR = "."
 
@@ -106,7 +105,7 @@ def tier_for(policy: McpToolPolicy | None, read_only_hint: bool | None) -> str:
     """The tier a gateway tool is registered with: the config's, else the annotation's."""
     if policy is not None and policy.tier is not None:
         return policy.tier
-    return "safe" if read_only_hint is True else "irreversible"
+    return ToolTier.SAFE.value if read_only_hint is True else ToolTier.IRREVERSIBLE.value
 
 
 def _str_map(where: str, value: Any) -> dict[str, str]:
@@ -154,11 +153,11 @@ def _tool_policy(where: str, raw: Any) -> McpToolPolicy:
         raise ValueError(f"{where}: expected a table")
     _unknown(where, raw, _TOOL_KEYS)
     tier = raw.get("tier")
-    if tier is not None and tier not in TIERS:
-        raise ValueError(f"{where}.tier: expected one of {', '.join(TIERS)}")
+    if tier is not None and tier not in TIER_VALUES:
+        raise ValueError(f"{where}.tier: expected one of {', '.join(TIER_VALUES)}")
     compensation = raw.get("compensation")
     parsed = None if compensation is None else _compensation(f"{where}.compensation", compensation)
-    if tier == "compensable" and parsed is None:
+    if tier == ToolTier.COMPENSABLE.value and parsed is None:
         raise ValueError(f"{where}: a compensable tool needs a compensation")
     return McpToolPolicy(tier=tier, compensation=parsed)
 

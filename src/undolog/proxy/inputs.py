@@ -4,7 +4,8 @@ PostgreSQL `TEXT` refuses the NUL character and `BIGINT` stops at 2**63 - 1; SQL
 both. A value that reached the store unchecked came back as a 503 carrying the database's
 own message on one store and worked on the other. These checks run at the edge of the API,
 one rule for every route, so both stores see the same input and a caller sees what is wrong
-with it, never the driver's text.
+with it, never the driver's text. The text rule itself (`unstorable`, `scrub`) is the one the
+SDK and the engine use too, in `undolog_sdk.wire`.
 """
 
 from __future__ import annotations
@@ -12,22 +13,12 @@ from __future__ import annotations
 import re
 
 from undolog_sdk.errors import InvalidRequest
+from undolog_sdk.wire import scrub, unstorable
 
 __all__ = ["MAX_EVENT_ID", "event_id", "path_problem", "scrubbed", "storable"]
 
 MAX_EVENT_ID = 2**63 - 1  # a BIGINT (BIGSERIAL / SQLite INTEGER) event id
 _ASCII_DIGITS = re.compile(r"[0-9]{1,19}")  # str.isdigit() also takes '²' and '٣'
-
-
-def _unstorable(text: str) -> bool:
-    """NUL (PostgreSQL text cannot hold it) or a lone surrogate (no UTF-8 for it)."""
-    if "\x00" in text:
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def storable(text: str, field: str) -> str:
@@ -36,26 +27,20 @@ def storable(text: str, field: str) -> str:
     Raises:
         InvalidRequest: it holds a NUL character or a lone surrogate.
     """
-    if _unstorable(text):
+    if unstorable(text):
         raise InvalidRequest(f"{field} must not contain NUL characters or lone surrogates")
     return text
 
 
-def scrubbed(text: str) -> str:
-    """`text` made storable by replacing what no store can hold with U+FFFD.
-
-    For failure reports from runners: refusing one over a character would leave a run that
-    failed unrecorded, which is worse than a changed character in its message.
-    """
-    if not _unstorable(text):
-        return text
-    return text.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+# `text` made storable, for failure reports from runners (the SDK's rule, under the name the
+# routes use).
+scrubbed = scrub
 
 
 def path_problem(path: str) -> str | None:
     """Why no route can take this (decoded) path, or None: every id in a path ends up in a
     store query, so a NUL there is refused once, here, for every route."""
-    if _unstorable(path):
+    if unstorable(path):
         return "the path must not contain NUL characters (%00) or lone surrogates"
     return None
 

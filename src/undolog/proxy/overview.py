@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from undolog.proxy.wire import json_response
+from undolog_sdk.wire import ApprovalStatus, EffectState, EventType, SessionState
 
 if TYPE_CHECKING:
     from undolog.services.runtime import Runtime
@@ -31,16 +32,16 @@ async def overview(request: Request) -> Response:
         effects = await q.count_by_state(org_id, "effects")
         sessions = await q.count_by_state(org_id, "sessions")
         approvals = await q.count_by_state(org_id, "approvals")
-        replays = await q.count_events(org_id, "effect_replayed")
-    in_doubt = effects.get("in_doubt", 0)
+        replays = await q.count_events(org_id, EventType.EFFECT_REPLAYED)
+    in_doubt = effects.get(EffectState.IN_DOUBT, 0)
     return json_response(
         {
             "calls": sum(effects.values()),
             "replays": replays,
-            "pending_approvals": approvals.get("pending", 0),
+            "pending_approvals": approvals.get(ApprovalStatus.PENDING, 0),
             "sessions": sum(sessions.values()),
-            "sessions_compensating": sessions.get("compensating", 0),
-            "sessions_needing_attention": sessions.get("compensation_failed", 0),
+            "sessions_compensating": sessions.get(SessionState.COMPENSATING, 0),
+            "sessions_needing_attention": sessions.get(SessionState.COMPENSATION_FAILED, 0),
             "effects_in_doubt": in_doubt,
             "effects_by_state": effects,
             "sessions_by_state": sessions,

@@ -21,6 +21,8 @@ from undolog.proxy.wire import (
 )
 from undolog_sdk.errors import Forbidden, InvalidRequest
 from undolog_sdk.signature import canonical_json
+from undolog_sdk.tier import TIER_VALUES
+from undolog_sdk.wire import EffectState
 
 if TYPE_CHECKING:
     from undolog.services.runtime import Runtime
@@ -64,7 +66,7 @@ _TOOL_BODY = {
                 "type": "object",
                 "required": ["tier"],
                 "properties": {
-                    "tier": {"enum": ["safe", "compensable", "irreversible"]},
+                    "tier": {"enum": list(TIER_VALUES)},
                     "version": {"type": "string"},
                     "compensation": {"type": "object"},
                     "idempotent_upstream": {"type": "boolean"},
@@ -183,7 +185,7 @@ async def resolve_effect(id: str, request: Request) -> Response:
     error = data.get("error")
     if error is not None and not isinstance(error, str):
         raise InvalidRequest("error must be a string")
-    if outcome == "failed":  # who resolved it is on record, from the key
+    if outcome == EffectState.FAILED:  # who resolved it is on record, from the key
         by = request.state.principal.decider
         error = f"{error} (resolved by {by})" if error else f"resolved as failed by {by}"
     effect = await runtime.engine.resolve(

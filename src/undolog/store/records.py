@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from undolog_sdk.wire import ExecutionMode
+
 __all__ = [
     "ApprovalRecord",
     "EffectRecord",
@@ -82,7 +84,7 @@ class EffectRecord:
     call_signature: str
     args_json: str
     state: str  # EffectState value
-    mode: str  # "proxy" (the proxy runs the tool) or "sdk" (the agent runs it)
+    mode: str  # ExecutionMode value: who runs the tool
     attempts: int
     result_json: str | None
     error: str | None
@@ -110,7 +112,7 @@ class UndoEntryRecord:
     attempts: int
     last_error: str | None
     updated_us: int
-    runner: str = "proxy"  # who runs the compensation: "proxy" (tool server) or "sdk"
+    runner: str = ExecutionMode.PROXY  # who runs the compensation (ExecutionMode value)
     lease_expires_us: int | None = None  # while claimed (running): when the claim lapses
     claim_token_hash: str | None = None  # while claimed: SHA-256 hex of the holder's token
 
