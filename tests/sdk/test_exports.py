@@ -36,15 +36,25 @@ EXPORTS: dict[str, list[str]] = {
     "undolog_sdk.client": ["InterceptResponse", "ProxyError", "UndoLogClient"],
     "undolog_sdk.compensation": ["compensation", "registered_compensation", "unwind"],
     "undolog_sdk.session": [
-        "UndoLogSession", "get_current_session", "require_current_session", "run_with_session",
-    ],  # fmt: skip
+        "UndoLogSession",
+        "get_current_session",
+        "require_current_session",
+        "run_with_session",
+    ],
     "undolog_sdk.decorators": [
-        "AwaitingApprovalError", "current_effect_id", "undolog_tool", "wrap_tools",
-    ],  # fmt: skip
+        "AwaitingApprovalError",
+        "current_effect_id",
+        "undolog_tool",
+        "wrap_tools",
+    ],
     "undolog_sdk.testing": [
-        "CompensationNotIdempotent", "RecordedCall", "RollbackReport", "RollbackStep",
-        "check_idempotent", "rollback",
-    ],  # fmt: skip
+        "CompensationNotIdempotent",
+        "RecordedCall",
+        "RollbackReport",
+        "RollbackStep",
+        "check_idempotent",
+        "rollback",
+    ],
     "undolog_sdk.tier": ["CompensationDescriptor", "ToolTier"],
     "undolog_sdk.signature": ["call_signature", "canonical_json"],
     "undolog_sdk.wire": [
