@@ -118,11 +118,6 @@ def test_the_server_has_no_import_cycle() -> None:
     _assert_acyclic(SRC)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the SDK's decorators <-> session cycle is fixed on another branch (issue 12); "
-    "remove this mark when it is merged",
-)
 def test_the_sdk_has_no_import_cycle() -> None:
     _assert_acyclic(SDK)
 
