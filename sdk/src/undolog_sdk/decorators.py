@@ -20,6 +20,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar, cast
 
+from undolog_sdk._compat import add_note
 from undolog_sdk.client import UndoLogClient
 from undolog_sdk.session import UndoLogSession
 from undolog_sdk.signature import call_signature, canonical_json
@@ -170,7 +171,7 @@ def undolog_tool(
                 try:
                     await c.fail(session.org_id, session.session_id, effect_id, _describe(exc))
                 except Exception as fail_exc:  # keep the tool's own error as the one raised
-                    exc.add_note(f"UndoLog could not record this failure: {fail_exc!r}")
+                    add_note(exc, f"UndoLog could not record this failure: {fail_exc!r}")
                 raise
             finally:
                 _current_effect.reset(token)

@@ -6,6 +6,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from undolog_sdk._compat import add_note
+
 if TYPE_CHECKING:
     from undolog_sdk.client import UndoLogClient
 
@@ -63,7 +65,7 @@ class UndoLogSession:
             try:
                 await self.rollback()
             except Exception as rollback_exc:  # keep the block's own error as the one raised
-                exc_val.add_note(f"UndoLog rollback did not finish: {rollback_exc!r}")
+                add_note(exc_val, f"UndoLog rollback did not finish: {rollback_exc!r}")
         return None
 
     async def rollback(self) -> str:
