@@ -120,6 +120,9 @@ def _serve_demo(
     agent = re.search(r"agent key:\s+(\S+)", output)
     approver = re.search(r"approver key:\s+(\S+)", output)
     assert agent and approver, output
+    # The banner says how to point the SDK and the CLI at this server, with the agent key.
+    assert f"export UNDOLOG_API_KEY={agent.group(1)}\n" in output
+    assert f"export UNDOLOG_PROXY_URL=http://127.0.0.1:{port}\n" in output
     return server, tools_port, agent.group(1), approver.group(1), log
 
 

@@ -7,16 +7,18 @@ process is killed), it does not stall the suite.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.servers import free_port, undolog_command
+from tests.support.servers import ProcessServer, free_port, undolog_command
 
 DEADLINE_SECONDS = 40.0  # far above a failed start (a few seconds), far below "hangs"
 
@@ -128,3 +130,118 @@ def test_a_busy_port_exits(tmp_path: Path) -> None:
         )
     assert code != 0
     assert "address already in use" in _the_error(lines)
+
+
+# --- config errors: one line, exit 2, nothing written ------------------------------------
+
+
+def _config_error(lines: list[str], code: int) -> str:
+    """A config problem: exit 2 and exactly one line, `error: cannot start: ...`."""
+    assert code == 2, "\n".join(lines)
+    assert not any("Traceback" in line for line in lines), "\n".join(lines)
+    errors = [line for line in lines if line.startswith("error: cannot start: ")]
+    assert len(errors) == 1 and len(lines) == 1, "\n".join(lines)
+    return errors[0]
+
+
+def _rows(database: Path, table: str) -> int:
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        return int(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+
+@pytest.mark.parametrize("demo", [False, True], ids=["serve", "serve --demo"])
+def test_a_tool_of_an_unknown_org_exits_2_and_writes_nothing(tmp_path: Path, demo: bool) -> None:
+    database = tmp_path / "u.db"
+    config = tmp_path / "undolog.toml"
+    config.write_text(
+        f'[server]\ndatabase_url = "sqlite:///{database}"\n'
+        '[[orgs]]\nid = "acme"\n'
+        '[[tools]]\norg = "ghost"\nname = "wipe"\ntier = "irreversible"\n',
+        encoding="utf-8",
+    )
+    flags = ["--demo", "--demo-tools-port", str(free_port())] if demo else []
+    code, lines = _serve("--config", str(config), "--port", str(free_port()), *flags)
+    error = _config_error(lines, code)
+    assert "'ghost'" in error and "tools[0] (wipe)" in error and str(config) in error
+    assert not database.exists() or all(
+        _rows(database, table) == 0 for table in ("orgs", "api_keys", "tools")
+    )
+
+
+def test_a_tool_of_an_org_the_database_knows_is_served(tmp_path: Path) -> None:
+    """An org made earlier (`undolog keys create` makes its org) needs no [[orgs]] entry."""
+    database = tmp_path / "u.db"
+    made = subprocess.run(
+        undolog_command("keys", "create", "--database-url", f"sqlite:///{database}",
+                        "--org", "known", "--name", "ops", "--role", "admin"),
+        capture_output=True, text=True, timeout=DEADLINE_SECONDS, check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    config = tmp_path / "undolog.toml"
+    config.write_text(
+        f'[server]\ndatabase_url = "sqlite:///{database}"\n'
+        '[[tools]]\norg = "known"\nname = "wipe"\ntier = "irreversible"\n',
+        encoding="utf-8",
+    )
+    port = free_port()
+    server = ProcessServer(
+        undolog_command("serve", "--config", str(config), "--port", str(port)), {}, port
+    ).start()
+    try:
+        assert _rows(database, "tools") == 1
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("busy", ["proxy", "demo tools"])
+def test_serve_demo_on_a_busy_port_exits_2_before_making_a_key(tmp_path: Path, busy: str) -> None:
+    database = tmp_path / "u.db"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        taken_port = taken.getsockname()[1]
+        port, tools_port = (
+            (taken_port, free_port()) if busy == "proxy" else (free_port(), taken_port)
+        )
+        code, lines = _serve("--demo", "--database-url", f"sqlite:///{database}",
+                             "--port", str(port), "--demo-tools-port", str(tools_port))  # fmt: skip
+    error = _config_error(lines, code)
+    assert f"127.0.0.1:{taken_port}: address already in use" in error
+    assert not database.exists()  # no demo org, no key
+
+
+def test_a_missing_mcp_command_is_named(tmp_path: Path) -> None:
+    database = tmp_path / "u.db"
+    config = tmp_path / "undolog.toml"
+    config.write_text(
+        f'[server]\ndatabase_url = "sqlite:///{database}"\n'
+        '[[mcp.upstreams]]\nname = "memory"\ntransport = "stdio"\n'
+        'command = "undolog-no-such-mcp-server"\n',
+        encoding="utf-8",
+    )
+    code, lines = _serve("--config", str(config), "--port", str(free_port()))
+    error = _config_error(lines, code)
+    assert "'undolog-no-such-mcp-server'" in error and "'memory'" in error
+    assert not database.exists()
+
+
+# --- a start that works: the hint without an org, JSON logs ------------------------------
+
+
+def test_serve_without_an_org_says_how_to_add_one_and_logs_json_lines(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "serve.log"
+    command = undolog_command(
+        "serve", "--database-url", f"sqlite:///{tmp_path / 'u.db'}", "--port", str(port)
+    )
+    server = ProcessServer(command, {"UNDOLOG_LOG_LEVEL": "info"}, port, log_path=str(log))
+    server.start()
+    server.stop()
+    lines = [line for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+    hints = [line for line in lines if line.startswith("note: ")]
+    assert len(hints) == 1 and "[[orgs]]" in hints[0] and "--demo" in hints[0], lines
+    logs = [json.loads(line) for line in lines if line not in hints]
+    events = [entry["event"] for entry in logs]
+    assert any(f"127.0.0.1:{port}" in event for event in events), events  # "Uvicorn running"
+    assert all(entry["level"] in ("info", "warning") for entry in logs), logs
+    assert all("timestamp" in entry for entry in logs), logs

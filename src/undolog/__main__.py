@@ -1,3 +1,3 @@
-from undolog.cli import main
+from undolog._entry import main
 
 main()

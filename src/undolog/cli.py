@@ -11,8 +11,10 @@ import secrets
 from collections.abc import Coroutine
 from typing import Any
 
+import orjson
 import typer
 
+import undolog
 from undolog.config import DEFAULT_HOST, Settings, load_settings
 from undolog_sdk.errors import UndoLogError
 from undolog_sdk.wire import SessionState
@@ -21,6 +23,26 @@ app = typer.Typer(add_completion=False, help="UndoLog: exactly-once, undoable, g
 
 DEMO_ORG = "demo"
 DEMO_TOOLS_PORT = 8090
+NO_ORG_HINT = (
+    "note: the config names no org, so only keys of orgs already in the database work: add an "
+    "[[orgs]] table with [[orgs.keys]] to a config file (--config undolog.toml; see the "
+    'README\'s "Running it"), or try `undolog serve --demo`'
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"undolog {undolog.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version"
+    ),
+) -> None:
+    """UndoLog: exactly-once, undoable, gated tool calls."""
 
 
 def _run(main: Coroutine[Any, Any, None]) -> None:
@@ -134,6 +156,18 @@ def serve(
         demo_secret = secrets.token_urlsafe(32)
         flags["upstream_secret"] = demo_secret
     settings = _settings(**flags)
+    # Every problem the config can be checked for is found before anything is written (no
+    # demo key, no org, no tool): one line, exit 2.
+    from undolog.preflight import StartProblem, check_start
+
+    try:
+        asyncio.run(check_start(settings, demo_org=DEMO_ORG if demo else None,
+                                demo_tools_port=demo_tools_port if demo else None))  # fmt: skip
+    except StartProblem as exc:
+        typer.echo(f"error: cannot start: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if not demo and not settings.orgs:
+        typer.echo(NO_ORG_HINT, err=True)
     _run(_serve(settings, demo=demo, demo_tools_port=demo_tools_port, demo_secret=demo_secret))
 
 
@@ -195,6 +229,9 @@ async def _seed_demo(settings: Settings) -> None:
         f"  agent key:    {agent}   (tool calls: give it to the agent)\n"
         f"  approver key: {approver}   (sign in to the dashboard, approve or reject)\n"
         "  (the previous demo keys no longer work)\n"
+        "  for the SDK and `undolog sessions` (the agent key):\n"
+        f"    export UNDOLOG_PROXY_URL={base}\n"
+        f"    export UNDOLOG_API_KEY={agent}\n"
         f"  try:       curl -s {base}/mcp/tool_call -H 'X-Api-Key: {agent}' "
         "-H 'Content-Type: application/json' -d '{\"session_id\": "
         '"7f9c2a4e-1b7d-4c8e-9a51-0d3f6b2e8c10", "tool_name": "send_email", '
@@ -206,6 +243,7 @@ async def _seed_demo(settings: Settings) -> None:
 def migrate(
     database_url: str = typer.Option(None, help="(env UNDOLOG_DATABASE_URL)"),
     config: str = typer.Option(None, help="TOML config file"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON"),
 ) -> None:
     """Create or upgrade the schema."""
     settings = _settings(database_url=database_url, config=config)
@@ -220,7 +258,11 @@ def migrate(
             await store.close()
 
     version = asyncio.run(run())
-    typer.echo(f"schema at version {version} ({settings.database_url.split('://')[0]})")
+    database = settings.database_url.split("://")[0]
+    if as_json:
+        typer.echo(orjson.dumps({"schema_version": version, "database": database}).decode())
+        return
+    typer.echo(f"schema at version {version} ({database})")
 
 
 @app.command("demo-tools")

@@ -22,6 +22,7 @@ keys_app = typer.Typer(add_completion=False, help="Create, list and revoke API k
 
 _DB = typer.Option(None, "--database-url", help="(env UNDOLOG_DATABASE_URL)")
 _CONFIG = typer.Option(None, "--config", help="TOML config file (env UNDOLOG_CONFIG)")
+_JSON = typer.Option(False, "--json", help="Print JSON")
 T = TypeVar("T")
 
 
@@ -55,9 +56,19 @@ def _with_keys(
 
 
 def _when(us: int | None) -> str:
+    return iso_or_none(us) or "-"
+
+
+def iso_or_none(us: int | None) -> str | None:
     from undolog.proxy.wire import iso
 
-    return iso(us) or "-"
+    return iso(us)
+
+
+def _print_json(data: Any) -> None:
+    from undolog.cli_ops import _print_json as print_json
+
+    print_json(data)
 
 
 @keys_app.command("create")
@@ -67,6 +78,7 @@ def create(
     role: str = typer.Option(..., "--role", help="agent, approver or admin"),
     database_url: str = _DB,
     config: str = _CONFIG,
+    as_json: bool = _JSON,
 ) -> None:
     """Make a key and print it once (only its SHA-256 is stored)."""
 
@@ -75,6 +87,10 @@ def create(
         return secret, record
 
     secret, record = _with_keys(database_url, config, act)
+    if as_json:
+        _print_json({"key_id": record.key_id, "org_id": record.org_id, "name": record.name,
+                     "role": record.role, "key": secret})  # fmt: skip
+        return
     typer.echo(f"key id: {record.key_id}\norg:    {record.org_id}\nname:   {record.name}")
     typer.echo(f"role:   {record.role}\nkey:    {secret}\n(the key is shown only this once)")
 
@@ -84,6 +100,7 @@ def list_keys(
     org: str = typer.Option(None, "--org", help="Only this org's keys"),
     database_url: str = _DB,
     config: str = _CONFIG,
+    as_json: bool = _JSON,
 ) -> None:
     """The keys: id, org, name, role, source, created, last used, revoked (never the key)."""
     from undolog.cli_ops import _table
@@ -93,6 +110,14 @@ def list_keys(
         return found
 
     records = _with_keys(database_url, config, act)
+    if as_json:  # never the key or its hash
+        _print_json([
+            {"key_id": r.key_id, "org_id": r.org_id, "name": r.name, "role": r.role,
+             "source": r.source, "created_at": _when(r.created_us),
+             "last_used_at": iso_or_none(r.last_used_us), "revoked_at": iso_or_none(r.revoked_us)}
+            for r in records
+        ])  # fmt: skip
+        return
     rows = [
         [r.key_id, r.org_id, r.name, r.role, r.source, _when(r.created_us),
          _when(r.last_used_us), _when(r.revoked_us)]
@@ -107,6 +132,7 @@ def revoke(
     key_id: str = typer.Argument(..., help="The key's id (from `undolog keys list`)"),
     database_url: str = _DB,
     config: str = _CONFIG,
+    as_json: bool = _JSON,
 ) -> None:
     """Revoke a key: it stops working (within 5 s) and its dashboard sessions end."""
 
@@ -114,4 +140,7 @@ def revoke(
         await keys.revoke(key_id)
 
     _with_keys(database_url, config, act)
+    if as_json:
+        _print_json({"key_id": key_id, "revoked": True})
+        return
     typer.echo(f"revoked {key_id}")

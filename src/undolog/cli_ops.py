@@ -27,6 +27,7 @@ undo_app = typer.Typer(add_completion=False, help="Retry or resolve failed compe
 _URL = typer.Option(None, "--url", help="Proxy base URL (env UNDOLOG_PROXY_URL)")
 _KEY = typer.Option(None, "--api-key", help="The org's API key (env UNDOLOG_API_KEY)")
 _JSON = typer.Option(False, "--json", help="Print the raw JSON answer")
+NONE = "none"  # what an empty table prints
 
 
 def _request(method: str, url: str | None, api_key: str | None, path: str, body: Any = None) -> Any:
@@ -52,6 +53,9 @@ def _request(method: str, url: str | None, api_key: str | None, path: str, body:
 
 
 def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
+    """Rows under their headers, or "none" when there are no rows."""
+    if not rows:
+        return NONE
     cells = [[str("" if v is None else v) for v in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
@@ -125,9 +129,12 @@ def sessions_rollback(
 
 
 @undo_app.command("retry")
-def undo_retry(entry_id: str, url: str = _URL, api_key: str = _KEY) -> None:
+def undo_retry(entry_id: str, url: str = _URL, api_key: str = _KEY, as_json: bool = _JSON) -> None:
     """Put a failed compensation back on the stack with fresh retries."""
     data = _request("POST", url, api_key, f"/undo/{entry_id}/retry")
+    if as_json:
+        _print_json(data)
+        return
     typer.echo(f"entry {data['entry_id']} is {data['state']}; run `sessions rollback` to go on")
 
 
@@ -137,9 +144,13 @@ def undo_resolve(
     note: str = typer.Option(..., "--note", help="What was done by hand"),
     url: str = _URL,
     api_key: str = _KEY,
+    as_json: bool = _JSON,
 ) -> None:
     """Mark a failed compensation as handled by hand."""
     data = _request("POST", url, api_key, f"/undo/{entry_id}/resolve", {"note": note})
+    if as_json:
+        _print_json(data)
+        return
     typer.echo(f"entry {data['entry_id']} is {data['state']}; run `sessions rollback` to go on")
 
 

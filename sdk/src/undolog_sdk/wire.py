@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 
-class _WireEnum(str, enum.Enum):  # noqa: UP042 -- StrEnum is 3.11+; the SDK runs on 3.10
+class _WireEnum(str, enum.Enum):  # not StrEnum, which is 3.11+: the SDK runs on 3.10
     """A string enum whose `str()` and format are its value (as `enum.StrEnum` on 3.11+)."""
 
     def __str__(self) -> str:

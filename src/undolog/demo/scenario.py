@@ -25,6 +25,7 @@ import uvicorn
 from undolog.config import KeyConfig, OrgConfig, Settings, ToolConfig, hash_api_key
 from undolog.demo.catalog import DEMO_TOOLS
 from undolog.demo.tools import create_demo_tools_app
+from undolog.logs import uvicorn_log_config
 
 __all__ = ["run_scenario", "self_contained"]
 
@@ -39,7 +40,14 @@ def _free_port() -> int:
 
 async def _start(app: Any, port: int) -> tuple[uvicorn.Server, asyncio.Task[None]]:
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="on")
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_level="error",
+            lifespan="on",
+            log_config=uvicorn_log_config(),
+        )
     )
     task = asyncio.create_task(server.serve())
     deadline = asyncio.get_running_loop().time() + 30

@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from undolog.logs import uvicorn_log_config
 from undolog.upstreams import ORG_HEADER, verify_upstream_signature
 
 Args = dict[str, Any]
@@ -654,6 +655,7 @@ async def run_demo_tools(host: str, port: int, *, secret: str | None = None) -> 
         port=port,
         log_level="info",
         access_log=False,
+        log_config=uvicorn_log_config(),
     )
     server = uvicorn.Server(config)
     try:

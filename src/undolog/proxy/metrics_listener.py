@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import uvicorn
 
+from undolog.logs import uvicorn_log_config
 from undolog.services.metrics import ProxyMetrics
 
 __all__ = ["MetricsListener", "metrics_app"]
@@ -62,7 +63,7 @@ class MetricsListener:
         self.port = port
         self._config = uvicorn.Config(
             metrics_app(metrics), host=host, port=port, lifespan="off", log_level="warning",
-            access_log=False,
+            access_log=False, log_config=uvicorn_log_config(),
         )  # fmt: skip
         self._server = _Server(self._config)
         self._task: asyncio.Task[None] | None = None

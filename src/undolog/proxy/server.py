@@ -30,6 +30,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from undolog.config import Settings
+from undolog.logs import uvicorn_log_config
 from undolog.proxy.wire import error_body
 
 __all__ = [
@@ -306,6 +307,7 @@ def build_config(
         port=settings.port if port is None else port,
         log_level=settings.log_level if log_level is None else log_level,
         access_log=False,
+        log_config=uvicorn_log_config(),  # JSON lines, like the app's own logs
         lifespan="on",
         http=bounded_protocol(limits),
         # Typed int in uvicorn, but only handed to `loop.call_later`: a fraction works.

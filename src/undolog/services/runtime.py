@@ -27,7 +27,7 @@ from undolog.store import Store, open_store
 from undolog.upstreams import UpstreamRegistry
 from undolog_sdk.tier import ToolTier
 
-__all__ = ["Runtime", "config_key_grants", "open_runtime", "upstream_registry"]
+__all__ = ["Runtime", "config_key_grants", "open_runtime", "unknown_tool_org", "upstream_registry"]
 
 
 @dataclass
@@ -76,6 +76,27 @@ def config_key_grants(settings: Settings) -> list[KeyGrant]:
     return grants
 
 
+async def unknown_tool_org(
+    store: Store, settings: Settings, declared: set[str] | None = None
+) -> str | None:
+    """A line naming the first `[[tools]]` entry whose org is neither declared (`[[orgs]]`,
+    or `declared`) nor in the store, or None. Checked before anything is written."""
+    known = {org.org_id for org in settings.orgs} | (declared or set())
+    where = f"config file {settings.config}: " if settings.config else ""
+    for n, tool in enumerate(settings.tools):
+        if tool.org_id in known:
+            continue
+        async with store.reader() as q:
+            found = await q.get_org(tool.org_id)
+        if found is None:
+            return (
+                f"{where}tools[{n}] ({tool.name}) names org {tool.org_id!r}, which is not in "
+                f'[[orgs]] nor in the database: add an [[orgs]] table with id = "{tool.org_id}"'
+            )
+        known.add(tool.org_id)
+    return None
+
+
 async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) -> Runtime:
     """Open the store (migrating it), seed the configured orgs and tools, open the executor."""
     upstreams = upstream_registry(settings)
@@ -86,6 +107,9 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
     )
     try:
         await store.migrate()
+        problem = await unknown_tool_org(store, settings)
+        if problem:
+            raise ValueError(problem)
         engine = Engine(
             store,
             lease_seconds=settings.lease_seconds,
