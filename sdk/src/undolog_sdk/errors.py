@@ -469,13 +469,14 @@ class AwaitingApprovalError(RuntimeError):
 def add_note(exc: BaseException, note: str) -> None:
     """`exc.add_note(note)`, also on Python 3.10 (which the SDK supports), where the note is
     kept in `__notes__` as 3.11 keeps it, though tracebacks do not show it there."""
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
+    adder = getattr(exc, "add_note", None)
+    if adder is not None:
+        adder(note)
     else:  # Python 3.10
         notes = getattr(exc, "__notes__", None)
         if not isinstance(notes, list):
             notes = []
-            exc.__notes__ = notes
+            setattr(exc, "__notes__", notes)  # noqa: B010 - not a declared attribute on 3.10
         notes.append(note)
 
 
