@@ -92,6 +92,7 @@ from undolog_sdk.errors import (
     UndoLogError,
 )
 from undolog_sdk.signature import canonical_json
+from undolog_sdk.tier import ToolTier
 
 if TYPE_CHECKING:
     from undolog.services.runtime import Runtime
@@ -346,7 +347,7 @@ class McpGateway:
         args = params.arguments or {}
         session_id = self._session_id(ctx, ctx.request)
         if session_id is None:
-            if tool.tier == "safe":  # a read needs no session: nothing is recorded
+            if tool.tier == ToolTier.SAFE.value:  # a read needs no session: nothing is recorded
                 try:
                     return await self.pool.call_upstream(tool.name, args)
                 except ToolTransportError as exc:
@@ -387,14 +388,14 @@ class McpGateway:
         runtime = self._runtime
         retry_after = runtime.retry_after_seconds if runtime is not None else 0
         if outcome.status is CallStatus.REPLAYED:
-            return with_meta(recorded_result(outcome.result_json), decision, "replayed")
+            return with_meta(recorded_result(outcome.result_json), decision, CallStatus.REPLAYED)
         if outcome.status is CallStatus.PENDING_APPROVAL:
             # A client that has already answered our request is not asked again: it gets the
             # plain answer, and retries when it sees fit.
             if params.input_responses is None and _can_open_urls(ctx):
                 return self._input_required(decision, ctx.request, retry_after)
             return awaiting(decision, retry_after)
-        status = "executed" if decision.logged else "passed_through"  # SAFE: not recorded
+        status = CallStatus.EXECUTED if decision.logged else "passed_through"  # SAFE: not recorded
         return with_meta(recorded_result(outcome.result_json), decision, status)
 
     # -- helpers -------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from mcp_types import CallToolResult, TextContent
 
 from undolog.engine import Decision
 from undolog_sdk.errors import UndoLogError
+from undolog_sdk.wire import CallStatus
 
 __all__ = [
     "META_KEY",
@@ -72,7 +73,7 @@ def awaiting(decision: Decision, retry_after: int) -> CallToolResult:
     approval_id = decision.approval_id
     text = awaiting_text(decision, retry_after)
     meta = {
-        "status": "pending_approval",
+        "status": CallStatus.PENDING_APPROVAL,
         "approval_id": approval_id,
         "effect_id": decision.effect_id,
         "step_index": decision.step_index,

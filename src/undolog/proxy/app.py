@@ -36,6 +36,7 @@ from undolog.services.sweeps import sweep_approvals_forever, sweep_leases_foreve
 from undolog.store.records import KeyRecord
 from undolog.ui import mount_ui
 from undolog_sdk.errors import UndoLogError
+from undolog_sdk.wire import ExecutionMode
 
 __all__ = ["create_app"]
 
@@ -52,7 +53,10 @@ _TOOL_CALL_BODY = {
                     "tool_version": {"type": "string"},
                     "step_index": {"type": "integer", "minimum": 0, "maximum": 4294967295},
                     "args": {"type": "object"},
-                    "mode": {"enum": ["proxy", "sdk"], "default": "proxy"},
+                    "mode": {
+                        "enum": [m.value for m in ExecutionMode],
+                        "default": ExecutionMode.PROXY.value,
+                    },
                 },
             }
         }

@@ -20,6 +20,7 @@ from undolog.proxy.owners import Owned, hide_unowned
 from undolog.proxy.wire import approval_json, json_response
 from undolog.services.calls import run_approved
 from undolog_sdk.errors import EffectInDoubt, InvalidRequest, UndoLogError
+from undolog_sdk.wire import ApprovalStatus, EffectState
 
 if TYPE_CHECKING:
     from undolog.services.runtime import Runtime
@@ -42,7 +43,7 @@ def reference_approval(record: Any) -> dict[str, Any]:
 @router.get("/approvals")
 async def list_approvals(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
-    state = request.query_params.get("state", "pending")
+    state = request.query_params.get("state", ApprovalStatus.PENDING)
     try:
         limit = int(request.query_params.get("limit", DEFAULT_LIMIT))
     except ValueError:
@@ -130,13 +131,13 @@ async def _run_approved(
     if execution is None:
         return {"execution": "awaiting_agent"}
     if isinstance(execution.error, EffectInDoubt):  # the tool may have run: an operator decides
-        return {"execution": "in_doubt", "error": execution.error.message}
+        return {"execution": EffectState.IN_DOUBT, "error": execution.error.message}
     if execution.error is not None:
-        return {"execution": "failed", "error": execution.error.message}
+        return {"execution": EffectState.FAILED, "error": execution.error.message}
     output = orjson.loads(execution.result_json or "null")
     if execution.commit_pending:  # held: spooled and committed in the background
         return {"execution": "commit_pending", "result": output}
-    return {"execution": "committed", "result": output}
+    return {"execution": EffectState.COMMITTED, "result": output}
 
 
 @router.post("/approvals/{id}/approve")

@@ -25,6 +25,9 @@ from undolog.proxy.wire import (
 from undolog.services.calls import Call, CallOutcome, CallStatus, run_call
 from undolog.services.delivery import AnswerWatch, WatchedResponse
 from undolog_sdk.errors import InvalidRequest
+from undolog_sdk.wire import ExecutionMode
+
+MODES = frozenset(ExecutionMode)
 
 if TYPE_CHECKING:
     from undolog.services.runtime import Runtime
@@ -66,8 +69,8 @@ def parse_tool_call(body: bytes) -> dict[str, Any]:
         raise InvalidRequest("tool_version must be a string")
     if version is not None:
         storable(version, "tool_version")
-    mode = data.get("mode", "proxy")
-    if mode not in ("proxy", "sdk"):
+    mode = data.get("mode", ExecutionMode.PROXY)
+    if mode not in MODES:
         raise InvalidRequest("mode must be 'proxy' or 'sdk'")
     return data
 
@@ -83,7 +86,7 @@ async def tool_call(request: Request) -> Response:
     request_id: str = request.state.request_id
     org_id: str = request.state.org_id
     data = parse_tool_call(await request.body())
-    mode = request.headers.get(_MODE_HEADER) or data.get("mode", "proxy")
+    mode = request.headers.get(_MODE_HEADER) or data.get("mode", ExecutionMode.PROXY)
     call = Call(
         org_id,
         data["session_id"],
@@ -94,7 +97,7 @@ async def tool_call(request: Request) -> Response:
         mode=mode,
         actor=actor(request),
     )
-    if call.step_index is not None or mode != "proxy":
+    if call.step_index is not None or mode != ExecutionMode.PROXY:
         outcome = await run_call(runtime, call, request_id)
         return render_outcome(runtime, request_id, outcome)
     # A step-less call the proxy runs: its answer is watched, so that the engine can tell a
@@ -123,7 +126,7 @@ def render_outcome(runtime: Runtime, request_id: str, outcome: CallOutcome) -> R
     if outcome.status is CallStatus.PENDING_APPROVAL:
         return json_response(
             {
-                "status": "pending_approval",
+                "status": CallStatus.PENDING_APPROVAL,
                 "approval_id": decision.approval_id,
                 "effect_id": decision.effect_id,
                 "retry_after": runtime.retry_after_seconds,
@@ -134,7 +137,7 @@ def render_outcome(runtime: Runtime, request_id: str, outcome: CallOutcome) -> R
     if outcome.status is CallStatus.EXECUTE:
         return json_response(
             {
-                "status": "execute",
+                "status": CallStatus.EXECUTE,
                 "effect_id": decision.effect_id,
                 "step_index": decision.step_index,
                 "attempt": decision.attempt,

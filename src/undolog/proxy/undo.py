@@ -29,6 +29,10 @@ from undolog_sdk.errors import (
     InProgress,
     InvalidRequest,
 )
+from undolog_sdk.wire import EffectState, ExecutionMode, UndoState
+
+# Entries that no longer block the unwinding.
+_SETTLED = frozenset({UndoState.COMPENSATED, UndoState.SKIPPED, UndoState.RESOLVED})
 
 if TYPE_CHECKING:
     from undolog.services.runtime import Runtime
@@ -41,17 +45,13 @@ router = APIRouter()
 async def _rollback_body(runtime: Runtime, org_id: str, session_id: str) -> dict[str, Any]:
     view = await runtime.engine.session_view(org_id, session_id)
     stack = [undo_entry_json(e) for e in view.undo_entries]
-    pending = next(
-        (e for e in stack if e["state"] not in ("compensated", "skipped", "resolved")), None
-    )
+    pending = next((e for e in stack if e["state"] not in _SETTLED), None)
     # The calls that stop the unwinding: in doubt (or still running) under an open entry.
-    open_effects = {
-        e["effect_id"] for e in stack if e["state"] not in ("compensated", "skipped", "resolved")
-    }
+    open_effects = {e["effect_id"] for e in stack if e["state"] not in _SETTLED}
     unsettled = [
         {"effect_id": e.effect_id, "tool_name": e.tool_name, "state": e.state}
         for e in view.effects
-        if e.effect_id in open_effects and e.state in ("in_doubt", "executing")
+        if e.effect_id in open_effects and e.state in (EffectState.IN_DOUBT, EffectState.EXECUTING)
     ]
     return {
         "session_id": session_id,
@@ -75,7 +75,7 @@ async def rollback_session(id: str, request: Request) -> Response:
         info = EmptyUndoStack(id)
         body.update(code=info.code, message=info.message)
     if status is RollbackStatus.COMPENSATION_FAILED:
-        failed = next((e for e in body["undo_stack"] if e["state"] == "failed"), None)
+        failed = next((e for e in body["undo_stack"] if e["state"] == UndoState.FAILED), None)
         gave_up = CompensationFailed(
             failed["fn_name"] if failed else "?",
             failed["max_retries"] if failed else 0,
@@ -154,7 +154,7 @@ async def claim_entry(entry: str, request: Request) -> Response:
     """The SDK claims the entry it was handed; the answer carries what to call it with."""
     runtime: Runtime = request.app.state.runtime
     await hide_unowned(request, Owned.UNDO_ENTRY, entry)
-    claim = await runtime.saga.claim_entry(request.state.org_id, entry, "sdk")
+    claim = await runtime.saga.claim_entry(request.state.org_id, entry, ExecutionMode.SDK)
     body = undo_entry_json(claim.entry)
     body["payload"] = claim.payload
     body["attempts_left"] = claim.attempts_left

@@ -36,6 +36,8 @@ from undolog_sdk.errors import (
     ToolError,
     UndoLogError,
 )
+from undolog_sdk.wire import CallStatus as WireStatus
+from undolog_sdk.wire import ExecutionMode
 
 if TYPE_CHECKING:
     from undolog.services.runtime import Runtime
@@ -67,17 +69,19 @@ class Call:
     args: Any
     step_index: int | None = None
     tool_version: str | None = None
-    mode: str = "proxy"
+    mode: str = ExecutionMode.PROXY
     actor: Actor = ORG_WIDE  # whose key: an agent key uses its own sessions only
 
 
 class CallStatus(StrEnum):
-    """How a call ended, whatever the front end."""
+    """How a call ended, whatever the front end (the first four are the wire's statuses)."""
 
-    REPLAYED = "replayed"  # recorded before: `decision.result_json`; the tool did not run
-    PENDING_APPROVAL = "pending_approval"  # waits for a person: `decision.approval_id`
-    EXECUTE = "execute"  # SDK mode: the agent runs it and commits
-    EXECUTED = "executed"  # ran now: `result_json` (maybe held, maybe another run's)
+    # Recorded before: `decision.result_json`; the tool did not run.
+    REPLAYED = WireStatus.REPLAYED.value
+    PENDING_APPROVAL = WireStatus.PENDING_APPROVAL.value  # waits for a person: `approval_id`
+    EXECUTE = WireStatus.EXECUTE.value  # SDK mode: the agent runs it and commits
+    # Ran now: `result_json` (maybe held, maybe another run's).
+    EXECUTED = WireStatus.EXECUTED.value
     FAILED = "failed"  # ran (or tried to) and gave no result: `error`
     REFUSED = "refused"  # the engine refused the call: `error`
     INTERCEPT_FAILED = "intercept_failed"  # the engine itself failed: `error`
@@ -125,7 +129,7 @@ async def run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcome
     earlier answers (`undolog.services.delivery`), so that a repeat is not taken for a retry.
     """
     log = runtime.log.bind(request_id=request_id, org_id=call.org_id, session_id=call.session_id)
-    if call.step_index is None and call.mode == "proxy":
+    if call.step_index is None and call.mode == ExecutionMode.PROXY:
         await runtime.deliveries.settle(call.org_id, call.session_id)
     try:
         decision = await _timed(
@@ -148,7 +152,7 @@ async def run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcome
         return CallOutcome(CallStatus.REPLAYED, decision, decision.result_json)
     if decision.outcome is Outcome.AWAITING_APPROVAL:
         return CallOutcome(CallStatus.PENDING_APPROVAL, decision)
-    if call.mode == "sdk":
+    if call.mode == ExecutionMode.SDK:
         return CallOutcome(CallStatus.EXECUTE, decision)
     execution = await execute_decision(
         runtime, decision, call.args, call.session_id, request_id, log

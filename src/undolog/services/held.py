@@ -23,6 +23,7 @@ import orjson
 
 from undolog.engine.model import now_us
 from undolog_sdk.errors import UndoLogError
+from undolog_sdk.wire import EffectState
 
 if TYPE_CHECKING:
     from undolog.engine import Decision, Engine
@@ -115,9 +116,9 @@ class HeldResults:
                     if time.monotonic() >= self.leases.valid_until(key):
                         break
                     continue
-                self.metrics.held_results.labels("committed").inc()
+                self.metrics.held_results.labels(EffectState.COMMITTED).inc()
                 log.info("held_result_committed")
-                await self.spool({"status": "committed", "org_id": org_id,
+                await self.spool({"status": EffectState.COMMITTED, "org_id": org_id,
                                   "effect_id": effect_id, "committed_us": now_us()})  # fmt: skip
                 return
             self.metrics.held_results.labels("given_up").inc()

@@ -18,6 +18,7 @@ from undolog.engine.saga import Claim, RollbackStatus
 from undolog.faults import crash_point
 from undolog.services.executor import ToolResult, ToolTransportError, ToolUnreachable
 from undolog_sdk.errors import CompensationFailed, ToolNotRegistered, UndoLogError
+from undolog_sdk.wire import ExecutionMode
 
 if TYPE_CHECKING:
     from undolog.services.runtime import Runtime
@@ -117,7 +118,7 @@ async def run_rollback(
     """Unwind as far as this runner can; returns where the rollback stands."""
     await runtime.saga.begin(org_id, session_id)
     while True:
-        claimed = await runtime.saga.claim(org_id, session_id, "proxy")
+        claimed = await runtime.saga.claim(org_id, session_id, ExecutionMode.PROXY)
         if isinstance(claimed, RollbackStatus):
             return claimed, None
         error = await _run_claim(runtime, claimed, request_id)

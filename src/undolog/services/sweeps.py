@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from undolog.services.calls import run_approved
 from undolog_sdk.errors import UndoLogError
+from undolog_sdk.wire import EffectState
 
 if TYPE_CHECKING:
     from undolog.services.runtime import Runtime
@@ -63,10 +64,10 @@ async def sweep_leases_forever(runtime: Runtime, interval_seconds: float) -> Non
             runtime.log.exception("lease_sweep_failed")
             moved = []
         for effect in moved:
-            if effect.state == "in_doubt":
+            if effect.state == EffectState.IN_DOUBT:
                 runtime.metrics.effects_in_doubt.labels("lease_expired").inc()
             runtime.log.warning(
-                "effect_in_doubt" if effect.state == "in_doubt" else "effect_failed",
+                "effect_in_doubt" if effect.state == EffectState.IN_DOUBT else "effect_failed",
                 reason="lease_expired",
                 org_id=effect.org_id,
                 session_id=effect.session_id,
