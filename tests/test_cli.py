@@ -285,10 +285,15 @@ def test_serve_demo_prints_an_approver_key_and_revokes_the_previous_demo_keys(
     )
     assert approved.status_code == 200, approved.text
     assert approved.json()["status"] == "approved"
+    # Read with the approver key: the new agent key sees only sessions it created itself.
     record = httpx.get(
-        f"{second.url}/approvals/{approval_id}", headers={"X-Api-Key": agent}, timeout=10
+        f"{second.url}/approvals/{approval_id}", headers={"X-Api-Key": approver}, timeout=10
     ).json()
     assert record["decided_by"] == "key:demo-approver"
+    hidden = httpx.get(
+        f"{second.url}/approvals/{approval_id}", headers={"X-Api-Key": agent}, timeout=10
+    )
+    assert (hidden.status_code, hidden.json()["code"]) == (404, "not_found")
 
 
 def test_demo_tools_with_a_secret_refuses_unsigned_calls(servers: list[ProcessServer]) -> None:

@@ -286,7 +286,7 @@ def test_another_agent_cannot_call_a_tool_in_a_session_not_even_a_replay(
     assert org.proxy.counters("send_email") == {}
 
 
-def test_approver_is_refused_and_admin_may_call_in_an_agents_session(org: Org) -> None:
+def test_an_admin_may_call_in_an_agents_session_which_stays_the_agents(org: Org) -> None:
     session = str(uuid.uuid4())
     with org.a() as a:
         run(a, session, "echo", 1)

@@ -218,7 +218,7 @@ async def test_a_connection_the_server_drops_surfaces_as_database_and_is_replace
     strict=True,
     reason="by design at the store level: BIGSERIAL ids are taken at insert, not at commit, "
     "so a raw `list_events(after_id)` reader can skip an id committed late. The SSE broker "
-    "(proxy/events.py) never hands out an id past a hole it has not waited out, which "
+    "(services/events.py) never hands out an id past a hole it has not waited out, which "
     "tests/proxy/test_events.py checks",
 )
 async def test_resuming_after_an_event_id_never_skips_an_event_committed_later(
