@@ -418,3 +418,43 @@ def test_importing_the_sdk_imports_no_framework() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("prebuilt", [False, True], ids=["tool_node", "react_agent"])
+async def test_two_approvals_in_one_turn_are_both_asked_and_one_resume_runs_both(
+    proxy: ProxyHarness, client: UndoLogClient, prebuilt: bool
+) -> None:
+    """A `ToolNode` runs the turn's calls in one LangGraph task, which surfaces one interrupt;
+    the prebuilt agent runs each call as its own task, which surfaces both. Either way both
+    approvals are pending in UndoLog, and once both are approved one resume runs both."""
+    from langgraph.prebuilt import create_react_agent
+
+    ran: list[str] = []
+    model = ScriptedModel(
+        script=[calls_tools(("drop", {"db": "a"}), ("drop", {"db": "b"})), AIMessage("ok")]
+    )
+    graph: Any
+    if prebuilt:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            graph = create_react_agent(model, make_tools(client, ran), checkpointer=InMemorySaver())
+    else:
+        graph = agent_graph(model, make_tools(client, ran))
+    config = thread()
+    session = UndoLogSession(org_id=proxy.org_id)
+    async with run_with_session(session):
+        result = await graph.ainvoke({"messages": [HumanMessage("go")]}, config)
+    requests = approval_requests(result)
+    approvals = session_view(proxy, session.session_id)["approvals"]
+    assert sorted(a["args"]["db"] for a in approvals) == ["a", "b"]
+    assert {r["approval_id"] for r in requests} <= {a["id"] for a in approvals}
+    assert len(requests) == (2 if prebuilt else 1)
+    for approval in approvals:
+        approve(proxy, approval["id"])
+    # Several pending interrupts are resumed by id (LangGraph's rule); the values do not matter.
+    resume = {i.id: "ok" for i in result["__interrupt__"]}
+    async with run_with_session(UndoLogSession(proxy.org_id, session.session_id)):
+        result = await graph.ainvoke(Command(resume=resume), config)
+    assert approval_requests(result) == []
+    assert sorted(ran) == ["drop a", "drop b"]
+    assert session_view(proxy, session.session_id)["state"] == "completed"

@@ -45,7 +45,7 @@ from undolog_sdk.session import UndoLogSession, get_current_session, require_cur
 from undolog_sdk.signature import call_signature
 from undolog_sdk.tier import CompensationDescriptor, ToolTier
 
-__all__ = ["APPROVAL_TYPE", "approval_requests", "langgraph_tool", "langgraph_tools"]
+__all__ = ["APPROVAL_TYPE", "approval_requests", "langgraph_tool", "langgraph_tools", "undo_plan"]
 
 APPROVAL_TYPE = "undolog_approval"
 """The `type` of an interrupt value that is an UndoLog approval request."""
