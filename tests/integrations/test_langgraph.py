@@ -458,3 +458,11 @@ async def test_two_approvals_in_one_turn_are_both_asked_and_one_resume_runs_both
     assert approval_requests(result) == []
     assert sorted(ran) == ["drop a", "drop b"]
     assert session_view(proxy, session.session_id)["state"] == "completed"
+
+
+def test_the_public_names_are_pinned() -> None:
+    from undolog_sdk.integrations import langgraph
+
+    assert sorted(langgraph.__all__) == [
+        "APPROVAL_TYPE", "approval_requests", "langgraph_tool", "langgraph_tools", "undo_plan",
+    ]  # fmt: skip
