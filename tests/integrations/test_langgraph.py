@@ -327,7 +327,9 @@ async def test_a_rejected_call_reaches_the_agent_as_an_error_message(
         result = await graph.ainvoke(Command(resume="decided"), config)
     (message,) = tool_messages(result)
     assert message.status == "error"
-    assert str(message.content).startswith("UndoLog: the call of 'drop' will not run")
+    assert str(message.content).startswith(
+        "UndoLog: the call of 'drop' will not run (approval_rejected): "
+    )
     assert result["messages"][-1].content == "understood"
     assert ran == []
     # A rejection halts the session (the engine's rule): its recorded calls are over.

@@ -190,7 +190,7 @@ class _Call:
             except (ApprovalRejected, ApprovalTimedOut) as refused:
                 self._forget(view)
                 raise ToolException(
-                    f"UndoLog: the call of '{self.name}' will not run: {refused}"
+                    f"UndoLog: the call of '{self.name}' will not run ({refused.code}): {refused}"
                 ) from None
             finally:
                 self._merge(view)
