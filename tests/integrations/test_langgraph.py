@@ -7,7 +7,9 @@ What it maps, and the test that shows it:
   (`test_an_irreversible_call_interrupts_and_runs_once_when_resumed_after_approval`);
 - replay: a resumed node and a restarted agent get recorded results without running bodies
   again (`test_a_resumed_node_replays_the_calls_it_already_made`,
-  `test_a_restarted_agent_replays_what_its_first_run_did`);
+  `test_a_restarted_agent_replays_what_its_first_run_did`), and a thread resumed from its
+  checkpoint by another process maps its call to the approval
+  (`test_a_graph_resumed_from_its_checkpoint_elsewhere_runs_the_approved_call`);
 - rollback: a run that fails rolls the session back, newest first
   (`test_a_failed_run_rolls_the_session_back_newest_first`).
 """
@@ -95,7 +97,9 @@ def calls_tools(*calls: tuple[str, dict[str, Any]]) -> AIMessage:
     )
 
 
-def agent_graph(model: ScriptedModel, tools: list[Any]) -> CompiledStateGraph[Any, Any, Any, Any]:
+def agent_graph(
+    model: ScriptedModel, tools: list[Any], checkpointer: InMemorySaver | None = None
+) -> CompiledStateGraph[Any, Any, Any, Any]:
     """The ReAct loop by hand: a model node and a `ToolNode`, with a checkpointer."""
 
     async def call_model(state: MessagesState) -> dict[str, Any]:
@@ -107,7 +111,7 @@ def agent_graph(model: ScriptedModel, tools: list[Any]) -> CompiledStateGraph[An
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition)
     builder.add_edge("tools", "agent")
-    return builder.compile(checkpointer=InMemorySaver())
+    return builder.compile(checkpointer=checkpointer or InMemorySaver())
 
 
 def thread() -> dict[str, Any]:
@@ -277,6 +281,38 @@ async def test_a_restarted_agent_replays_what_its_first_run_did(
     assert ran == ["book 3C", "drop tmp"]  # book replayed, drop ran once
     assert [m.content for m in tool_messages(second)] == ['{"booked": "3C"}', "dropped tmp"]
     assert session_view(proxy, session.session_id)["state"] == "completed"
+
+
+async def test_a_graph_resumed_from_its_checkpoint_elsewhere_runs_the_approved_call(
+    proxy: ProxyHarness, client: UndoLogClient
+) -> None:
+    """Another agent process (new graph, tools, client and session object; the checkpoint
+    store shared, as a database checkpointer would be) resumes the stopped thread: nothing of
+    the first process's memory is needed to map the call to its approval."""
+    ran: list[str] = []
+    script = [calls_tools(("book", {"seat": "8H"})), calls_tools(("drop", {"db": "x"})),
+              AIMessage("done")]  # fmt: skip
+    checkpoints, config = InMemorySaver(), thread()
+
+    session_id = str(uuid.uuid4())
+    async with run_with_session(UndoLogSession(proxy.org_id, session_id)):
+        first = await agent_graph(
+            ScriptedModel(script=script), make_tools(client, ran), checkpoints
+        ).ainvoke({"messages": [HumanMessage("go")]}, config)
+    (request,) = approval_requests(first)
+    approve(proxy, request["approval_id"])
+
+    other_client = UndoLogClient(proxy.url, api_key=proxy.api_key)
+    try:
+        async with run_with_session(UndoLogSession(proxy.org_id, session_id)):
+            second = await agent_graph(
+                ScriptedModel(script=script), make_tools(other_client, ran), checkpoints
+            ).ainvoke(Command(resume="ok"), config)
+    finally:
+        await other_client.aclose()
+    assert ran == ["book 8H", "drop x"]
+    assert tool_messages(second)[-1].content == "dropped x"
+    assert session_view(proxy, session_id)["state"] == "completed"
 
 
 async def test_a_failed_run_rolls_the_session_back_newest_first(
