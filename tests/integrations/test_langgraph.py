@@ -36,6 +36,7 @@ from langgraph.types import Command
 from tests.proxy import conftest as proxy_fixtures
 from tests.proxy.conftest import ProxyHarness
 from tests.sdk.helpers import session_view
+from tests.support.servers import await_until
 from undolog_sdk import CompensationDescriptor, UndoLogClient, UndoLogSession, run_with_session
 from undolog_sdk.compensation import compensation
 from undolog_sdk.integrations.langgraph import (
@@ -370,6 +371,39 @@ async def test_a_rejected_call_reaches_the_agent_as_an_error_message(
     assert ran == []
     # A rejection halts the session (the engine's rule): its recorded calls are over.
     assert session_view(proxy, session.session_id)["state"] == "halted"
+
+
+async def test_an_approval_that_timed_out_reaches_the_agent_as_an_error_message(
+    proxy_factory: Any,
+) -> None:
+    harness: ProxyHarness = proxy_factory(
+        {"approval_timeout_seconds": 1}, approval_sweep_seconds=0.1
+    )
+    client = UndoLogClient(harness.url, api_key=harness.api_key)
+    ran: list[str] = []
+    model = ScriptedModel(script=[calls_tools(("drop", {"db": "prod"})), AIMessage("too late")])
+    graph, config = agent_graph(model, make_tools(client, ran)), thread()
+    session = UndoLogSession(org_id=harness.org_id)
+    try:
+        async with run_with_session(session):
+            result = await graph.ainvoke({"messages": [HumanMessage("go")]}, config)
+        (request,) = approval_requests(result)
+
+        def timed_out() -> bool:
+            with harness.client() as c:
+                approval = c.get(f"/approvals/{request['approval_id']}").json()
+            return bool(approval["status"] == "timed_out")
+
+        await await_until(timed_out, what="the approval to time out")
+        async with run_with_session(UndoLogSession(harness.org_id, session.session_id)):
+            result = await graph.ainvoke(Command(resume="decided"), config)
+    finally:
+        await client.aclose()
+    (message,) = tool_messages(result)
+    assert message.status == "error"
+    assert "(approval_timed_out)" in str(message.content)
+    assert result["messages"][-1].content == "too late"
+    assert ran == []
 
 
 async def test_the_prebuilt_react_agent_interrupts_and_resumes(
