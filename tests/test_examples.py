@@ -24,6 +24,7 @@ proxy = proxy_fixtures.proxy
 pytestmark = pytest.mark.slow
 
 AGENT = Path(__file__).resolve().parents[1] / "examples" / "agent.py"
+LANGGRAPH_AGENT = AGENT.with_name("langgraph_agent.py")
 
 
 def agent_env(proxy: ProxyHarness, **extra: str) -> dict[str, str]:
@@ -36,9 +37,9 @@ def agent_env(proxy: ProxyHarness, **extra: str) -> dict[str, str]:
     }
 
 
-def run_agent(proxy: ProxyHarness, **extra: str) -> tuple[int, list[str]]:
+def run_agent(proxy: ProxyHarness, script: Path = AGENT, **extra: str) -> tuple[int, list[str]]:
     done = subprocess.run(
-        [sys.executable, str(AGENT)],
+        [sys.executable, str(script)],
         env=agent_env(proxy, **extra),
         capture_output=True,
         text=True,
@@ -111,3 +112,48 @@ def test_the_example_agent_can_wait_for_the_approval(proxy_factory: Any, tmp_pat
     assert "[tool] delete_customer_data runs (cus_42)" in agent.lines
     assert result_of(agent.lines, "delete_customer_data") == {"deleted": "cus_42"}
     assert sum(line.startswith("[tool] charge_card runs") for line in agent.lines) == 1
+
+
+def test_the_langgraph_example_interrupts_and_a_restarted_agent_replays_and_finishes(
+    proxy: ProxyHarness,
+) -> None:
+    code, first = run_agent(proxy, LANGGRAPH_AGENT)
+    assert code == 2, first
+    session_id = session_of(first)
+    assert sum(line.startswith("[tool] charge_card runs") for line in first) == 1
+    assert not any(line.startswith("[tool] delete_customer_data") for line in first)
+    (waiting,) = [line for line in first if " awaits approval " in line]
+    assert waiting.startswith("delete_customer_data awaits approval ")
+    assert "(step 3); undo plan ['charge_card -> refund_charge']" in waiting
+
+    asyncio.run(decide_approval(proxy, approval_of(first)))
+
+    code, second = run_agent(proxy, LANGGRAPH_AGENT, UNDOLOG_SESSION_ID=session_id)
+    assert code == 0, second
+    assert "[tool] search_customers runs ('ada')" in second  # SAFE: runs every time
+    assert not any(line.startswith("[tool] charge_card") for line in second)  # replayed
+    assert "[tool] delete_customer_data runs (cus_42)" in second
+    assert result_of(second, "delete_customer_data") == {"deleted": "cus_42"}
+    assert result_of(second, "charge_card")["charge_id"] == "ch_1"
+    view = session_view(proxy, session_id)
+    assert [(e["tool_name"], e["state"], e["attempts"]) for e in view["effects"]] == [
+        ("charge_card", "committed", 1), ("delete_customer_data", "committed", 1),
+    ]  # fmt: skip
+    assert view["state"] == "completed"
+
+
+def test_the_langgraph_example_can_wait_and_resume_its_graph(
+    proxy_factory: Any, tmp_path: Path
+) -> None:
+    harness: ProxyHarness = proxy_factory(retry_after_seconds=1)
+    env = agent_env(harness, AGENT_WAIT="1")
+    with Agent([sys.executable, str(LANGGRAPH_AGENT)], env, tmp_path / "agent.log") as agent:
+        waiting = agent.wait_for_line(" awaits approval ")
+        assert waiting.endswith("ask again in 1s")
+        approval_id = waiting.split(" awaits approval ")[1].split()[0]  # it may ask again
+        asyncio.run(decide_approval(harness, approval_id))
+        assert agent.finish() == 0, agent.lines
+    assert (tmp_path / "agent.log").read_text() == ""
+    assert sum(line.startswith("[tool] charge_card runs") for line in agent.lines) == 1
+    assert sum(line.startswith("[tool] delete_customer_data runs") for line in agent.lines) == 1
+    assert result_of(agent.lines, "delete_customer_data") == {"deleted": "cus_42"}
