@@ -18,9 +18,10 @@ import contextvars
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from undolog_sdk.client import UndoLogClient
+from undolog_sdk.client import InterceptResponse, UndoLogClient
 from undolog_sdk.session import UndoLogSession, get_current_session
 from undolog_sdk.signature import call_signature, canonical_json
 from undolog_sdk.tier import CompensationDescriptor, ToolTier
@@ -122,78 +123,137 @@ def undolog_tool(
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             call_args = {k: v for k, v in bound.arguments.items() if k != session_param}
-            return cast(R, await _intercepted(fn, name, session, call_args, args, kwargs))
+            c = _client_for(client, session)
+            asked = await _ask(c, session, name, tier, compensation, call_args)
+            return cast(R, await _carry_out(c, session, asked, name, fn, args, kwargs))
 
-        async def _intercepted(
-            fn_: Callable[..., Awaitable[Any]],
-            name_: str,
-            session: UndoLogSession,
-            call_args: dict[str, Any],
-            args: tuple[Any, ...],
-            kwargs: dict[str, Any],
-        ) -> Any:
-            c = client or session.client or _get_default_client()
-            if session.client is None:
-                session.client = c
-            # The step is taken before the first await, so calls started together (gather)
-            # get their steps in the order they were started, on every run of the agent.
-            step = session.next_step()
-            try:
-                # The reference's flow signs the call first: a session id that is not a UUID,
-                # or arguments that are not JSON, fail here (ValueError), before anything is
-                # recorded. The proxy computes the same signature from the same inputs.
-                signed = call_signature(session.session_id, step, name_, call_args)
-                await c.register_tool(
-                    session.org_id,
-                    name_,
-                    tier.value,
-                    compensation.to_dict() if compensation is not None else None,
-                )
-                decision = await c.intercept(
-                    session.org_id, session.session_id, name_, step, call_args
-                )
-                # The proxy has seen the session now: leaving the block completes or rolls
-                # it back. A call refused before that (not JSON, proxy unreachable) does not.
-                session._used = True
-            except BaseException:
-                session._give_back_step(step)
-                raise
-            if decision.outcome == "Replay":
-                session._awaiting.pop(signed, None)
-                return decision.cached_result
-            if decision.outcome == "AwaitingApproval":
-                session._give_back_step(step)
-                session._awaiting[signed] = decision.approval_id or ""
-                waiting = AwaitingApprovalError(decision.approval_id or "", name_, step)
-                waiting.retry_after = decision.retry_after
-                raise waiting
-            session._awaiting.pop(signed, None)  # approved: this call runs now
-            effect_id = decision.effect_id or ""
-            token = _current_effect.set(effect_id)
-            try:
-                result = await fn_(*args, **kwargs)
-            except BaseException as exc:
-                session._give_back_step(step)
-                try:
-                    await c.fail(session.org_id, session.session_id, effect_id, _describe(exc))
-                except Exception as fail_exc:  # keep the tool's own error as the one raised
-                    exc.add_note(f"UndoLog could not record this failure: {fail_exc!r}")
-                raise
-            finally:
-                _current_effect.reset(token)
-            try:
-                canonical_json(result)
-            except ValueError as exc:
-                session._give_back_step(step)  # like any failure: a retry is the same call
-                message = f"tool '{name_}' returned a value that is not JSON: {exc}"
-                await c.fail(session.org_id, session.session_id, effect_id, message)
-                raise TypeError(message) from None
-            await c.commit(session.org_id, session.session_id, effect_id, result)
-            return result
-
+        setattr(wrapper, _SPEC_ATTR, _ToolSpec(name, tier, compensation, client, fn, signature))
         return wrapper
 
     return decorate
+
+
+_SPEC_ATTR = "__undolog_tool__"
+
+
+@dataclass(frozen=True)
+class _ToolSpec:
+    """What `@undolog_tool` was given, kept on the wrapper for the framework integrations."""
+
+    name: str
+    tier: ToolTier
+    compensation: CompensationDescriptor | None
+    client: UndoLogClient | None
+    fn: Callable[..., Awaitable[Any]]
+    signature: inspect.Signature
+
+
+def _spec_of(fn: Callable[..., Any]) -> _ToolSpec | None:
+    """The spec of an `@undolog_tool` function, or None for any other callable."""
+    spec = getattr(fn, _SPEC_ATTR, None)
+    return spec if isinstance(spec, _ToolSpec) else None
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """The proxy's decision for one call, with the step it was asked at and its signature."""
+
+    step: int
+    signed: str
+    decision: InterceptResponse
+
+
+def _client_for(client: UndoLogClient | None, session: UndoLogSession) -> UndoLogClient:
+    c = client or session.client or _get_default_client()
+    if session.client is None:
+        session.client = c
+    return c
+
+
+async def _ask(
+    c: UndoLogClient,
+    session: UndoLogSession,
+    name: str,
+    tier: ToolTier,
+    compensation: CompensationDescriptor | None,
+    call_args: dict[str, Any],
+) -> _Asked:
+    """Take the session's next step, register the tool on first use and ask the proxy what
+    to do with the call. A call refused here gives its step back."""
+    # The step is taken before the first await, so calls started together (gather) get
+    # their steps in the order they were started, on every run of the agent.
+    step = session.next_step()
+    try:
+        # The reference's flow signs the call first: a session id that is not a UUID, or
+        # arguments that are not JSON, fail here (ValueError), before anything is recorded.
+        # The proxy computes the same signature from the same inputs.
+        signed = call_signature(session.session_id, step, name, call_args)
+        await c.register_tool(
+            session.org_id,
+            name,
+            tier.value,
+            compensation.to_dict() if compensation is not None else None,
+        )
+        decision = await c.intercept(session.org_id, session.session_id, name, step, call_args)
+        # The proxy has seen the session now: leaving the block completes or rolls it back.
+        # A call refused before that (not JSON, proxy unreachable) does not.
+        session._used = True
+    except BaseException:
+        session._give_back_step(step)
+        raise
+    return _Asked(step, signed, decision)
+
+
+def _awaiting(session: UndoLogSession, asked: _Asked, name: str) -> AwaitingApprovalError:
+    """Note that the call waits for approval (it keeps its step for the retry); the error."""
+    session._give_back_step(asked.step)
+    approval_id = asked.decision.approval_id or ""
+    session._awaiting[asked.signed] = approval_id
+    waiting = AwaitingApprovalError(approval_id, name, asked.step)
+    waiting.retry_after = asked.decision.retry_after
+    return waiting
+
+
+async def _carry_out(
+    c: UndoLogClient,
+    session: UndoLogSession,
+    asked: _Asked,
+    name: str,
+    fn: Callable[..., Awaitable[Any]],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """Act on the proxy's decision: replay, raise `AwaitingApprovalError`, or run the body
+    and record its result (or its failure)."""
+    decision, step = asked.decision, asked.step
+    if decision.outcome == "Replay":
+        session._awaiting.pop(asked.signed, None)
+        return decision.cached_result
+    if decision.outcome == "AwaitingApproval":
+        raise _awaiting(session, asked, name)
+    session._awaiting.pop(asked.signed, None)  # approved: this call runs now
+    effect_id = decision.effect_id or ""
+    token = _current_effect.set(effect_id)
+    try:
+        result = await fn(*args, **kwargs)
+    except BaseException as exc:
+        session._give_back_step(step)
+        try:
+            await c.fail(session.org_id, session.session_id, effect_id, _describe(exc))
+        except Exception as fail_exc:  # keep the tool's own error as the one raised
+            exc.add_note(f"UndoLog could not record this failure: {fail_exc!r}")
+        raise
+    finally:
+        _current_effect.reset(token)
+    try:
+        canonical_json(result)
+    except ValueError as exc:
+        session._give_back_step(step)  # like any failure: a retry is the same call
+        message = f"tool '{name}' returned a value that is not JSON: {exc}"
+        await c.fail(session.org_id, session.session_id, effect_id, message)
+        raise TypeError(message) from None
+    await c.commit(session.org_id, session.session_id, effect_id, result)
+    return result
 
 
 def _describe(exc: BaseException) -> str:
