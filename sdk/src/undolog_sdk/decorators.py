@@ -280,6 +280,19 @@ def wrap_tools(
             function given, or a COMPENSABLE function without a compensation.
         TypeError: a function that is not `async def`.
     """
+    return [
+        undolog_tool(tier, compensation, client=client)(fn)
+        for fn, tier, compensation in _classified(fns, tiers, compensations)
+    ]
+
+
+def _classified(
+    fns: Iterable[Callable[..., Awaitable[Any]]],
+    tiers: Mapping[str, ToolTier | str],
+    compensations: Mapping[str, CompensationDescriptor] | None,
+) -> list[tuple[Callable[..., Awaitable[Any]], ToolTier, CompensationDescriptor | None]]:
+    """Each function with its tier and compensation, looked up by its `__name__` (see
+    `wrap_tools` for what is refused)."""
     fns = list(fns)
     compensations = dict(compensations or {})
     names = [getattr(fn, "__name__", repr(fn)) for fn in fns]
@@ -289,11 +302,39 @@ def wrap_tools(
     stray = sorted(set(compensations) - set(names))
     if stray:
         raise ValueError(f"compensations for unknown tools: {', '.join(stray)}")
-    wrapped = []
+    classified = []
     for fn, name in zip(fns, names, strict=True):
         try:
             tier = ToolTier(tiers[name])
         except ValueError:
             raise ValueError(f"tool '{name}': {tiers[name]!r} is not a tier") from None
-        wrapped.append(undolog_tool(tier, compensations.get(name), client=client)(fn))
-    return wrapped
+        classified.append((fn, tier, compensations.get(name)))
+    return classified
+
+
+def _spec_for(
+    fn: Callable[..., Awaitable[Any]],
+    tier: ToolTier | str | None,
+    compensation: CompensationDescriptor | None,
+    client: UndoLogClient | None,
+) -> _ToolSpec:
+    """The spec of a tool made from a plain function and its tier, or from an `@undolog_tool`
+    function (whose own tier and compensation apply; `client` replaces its client if given).
+
+    Raises:
+        ValueError: a plain function without a tier, an `@undolog_tool` function with one;
+            a COMPENSABLE tier without a compensation.
+        TypeError: `fn` is not `async def`.
+    """
+    spec = _spec_of(fn)
+    if spec is None:
+        if tier is None:
+            raise ValueError(f"no tier for {getattr(fn, '__name__', fn)!r}: give the tool a tier")
+        spec = _spec_of(undolog_tool(ToolTier(tier), compensation, client=client)(fn))
+        assert spec is not None
+        return spec
+    if tier is not None or compensation is not None:
+        raise ValueError(f"{spec.name!r} is an @undolog_tool already: it has its tier")
+    if client is None:
+        return spec
+    return _ToolSpec(spec.name, spec.tier, spec.compensation, client, spec.fn, spec.signature)

@@ -38,10 +38,10 @@ from undolog_sdk.decorators import (
     _Asked,
     _awaiting,
     _carry_out,
+    _classified,
     _client_for,
-    _spec_of,
+    _spec_for,
     _ToolSpec,
-    undolog_tool,
 )
 from undolog_sdk.errors import UndoLogError
 from undolog_sdk.session import UndoLogSession, get_current_session
@@ -186,16 +186,7 @@ def undolog_function_tool(
             tier without a compensation.
         TypeError: `fn` is not `async def`.
     """
-    spec = _spec_of(fn)
-    if spec is None:
-        if tier is None:
-            raise ValueError(f"no tier for {getattr(fn, '__name__', fn)!r}: give the tool a tier")
-        spec = _spec_of(undolog_tool(ToolTier(tier), compensation, client=client)(fn))
-        assert spec is not None
-    elif tier is not None or compensation is not None:
-        raise ValueError(f"{spec.name!r} is an @undolog_tool already: it has its tier")
-    elif client is not None:
-        spec = _ToolSpec(spec.name, spec.tier, spec.compensation, client, spec.fn, spec.signature)
+    spec = _spec_for(fn, tier, compensation, client)
     tool = _UndoLogTool(spec)
     return function_tool(
         tool.invoker(),
@@ -217,22 +208,12 @@ def undolog_function_tools(
     function's name, as `wrap_tools` does.
 
     Raises:
-        ValueError: as `wrap_tools`: a function with no tier, a stray compensation.
+        ValueError: as `wrap_tools`: a function with no tier, a tier that is not one, a stray
+            compensation, a COMPENSABLE function without a compensation.
     """
-    fns = list(fns)
-    names = [getattr(fn, "__name__", repr(fn)) for fn in fns]
-    unclassified = [name for name in names if name not in tiers]
-    if unclassified:
-        raise ValueError(f"no tier for {', '.join(unclassified)}: give each tool a tier")
-    compensations = dict(compensations or {})
-    stray = sorted(set(compensations) - set(names))
-    if stray:
-        raise ValueError(f"compensations for unknown tools: {', '.join(stray)}")
     return [
-        undolog_function_tool(
-            fn, tier=tiers[name], compensation=compensations.get(name), client=client
-        )
-        for fn, name in zip(fns, names, strict=True)
+        undolog_function_tool(fn, tier=tier, compensation=compensation, client=client)
+        for fn, tier, compensation in _classified(fns, tiers, compensations)
     ]
 
 
