@@ -261,6 +261,17 @@ async def test_safe_tools_run_without_a_session_and_the_proxy_never_hears_of_the
     assert done.final_output == "ok" and tools.calls == ["lookup ada"]
 
 
+async def test_without_a_session_an_undolog_call_says_how_to_give_it_one() -> None:
+    tools = Tools(UndoLogClient(NOWHERE))
+    book = function_call("book_seat", {"seat": "1A"}, call_id="c1")
+    cancel = function_call("cancel_flight", {"flight": "UL1", "reason": "x"}, call_id="c2")
+    for call in (book, cancel):
+        agent, _ = tools.agent([[call], [assistant_message("ok")]])
+        with pytest.raises(UserError, match=r"run_with_session\(session\)"):
+            await Runner.run(agent, "go", run_config=NO_TRACING)
+    assert tools.calls == []
+
+
 def test_tools_keep_their_schema_and_docstring_and_need_a_tier() -> None:
     lookup, book, cancel = Tools(UndoLogClient(NOWHERE)).tools
     assert (lookup.name, lookup.description) == ("lookup", "Find a passenger.")

@@ -24,9 +24,16 @@ import inspect
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-from agents import AgentsException, FunctionTool, RunContextWrapper, RunState, function_tool
+from agents import (
+    AgentsException,
+    FunctionTool,
+    RunContextWrapper,
+    RunState,
+    UserError,
+    function_tool,
+)
 from agents.items import ToolApprovalItem
 from agents.tool import default_tool_error_function
 from agents.tool_context import ToolContext
@@ -192,7 +199,7 @@ def undolog_function_tool(
         tool.invoker(),
         name_override=name_override,
         description_override=description_override,
-        failure_error_function=_not_now_ends_the_run(failure_error_function),
+        failure_error_function=_pending_ends_the_run(failure_error_function),
         needs_approval=tool.needs_approval if spec.tier.requires_approval else False,
     )
 
@@ -217,6 +224,10 @@ def undolog_function_tools(
     ]
 
 
+class _NoSession(UserError):
+    """A tool call outside any session: a mistake in the program, so it ends the run."""
+
+
 class _UndoLogTool:
     """One tool: its `needs_approval` policy and its invoker, which hand the proxy's decision
     from one to the other (asking twice would find the call already executing)."""
@@ -229,7 +240,7 @@ class _UndoLogTool:
     def _session(self) -> UndoLogSession:
         session = get_current_session()
         if session is None:
-            raise RuntimeError(
+            raise _NoSession(
                 f"tool '{self.spec.name}' needs an UndoLogSession: run the agent inside "
                 "`async with run_with_session(session)`"
             )
@@ -296,7 +307,10 @@ class _UndoLogTool:
         context = inspect.Parameter(
             "ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=ToolContext[Any]
         )
-        params = [p.replace(annotation=hints.get(n, p.annotation)) for n, p in _params(spec)]
+        params = [
+            p.replace(annotation=hints.get(name, p.annotation))
+            for name, p in spec.signature.parameters.items()
+        ]
         invoke.__name__ = spec.name
         invoke.__qualname__ = spec.name
         invoke.__doc__ = spec.fn.__doc__
@@ -307,18 +321,14 @@ class _UndoLogTool:
         return invoke
 
 
-def _params(spec: _ToolSpec) -> list[tuple[str, inspect.Parameter]]:
-    return list(spec.signature.parameters.items())
-
-
-def _not_now_ends_the_run(
+def _pending_ends_the_run(
     failure_error_function: ToolErrorFunction | None,
 ) -> ToolErrorFunction | None:
     if failure_error_function is None:
         return None
 
     def on_error(ctx: RunContextWrapper[Any], error: Exception) -> Any:
-        if isinstance(error, ApprovalStillPending):
+        if isinstance(error, ApprovalStillPending | _NoSession):
             return None  # the SDK raises the error when its formatter gives no message
         return failure_error_function(ctx, error)
 
@@ -327,5 +337,5 @@ def _not_now_ends_the_run(
 
 def _call_id_of(item: ToolApprovalItem) -> str | None:
     raw = item.raw_item
-    call_id = raw.get("call_id") if isinstance(raw, dict) else getattr(raw, "call_id", None)
-    return cast(str | None, call_id) if isinstance(call_id, str) else None
+    call_id: object = raw.get("call_id") if isinstance(raw, dict) else getattr(raw, "call_id", None)
+    return call_id if isinstance(call_id, str) else None
