@@ -433,6 +433,11 @@ class UndoLogClient:
         )
         return data
 
+    async def get_approval(self, org_id: str, approval_id: str) -> dict[str, Any]:
+        """One approval with its `status` (`GET /approvals/{id}`)."""
+        data: dict[str, Any] = await self._call("GET", f"/approvals/{approval_id}", org_id)
+        return data
+
     async def complete_session(self, org_id: str, session_id: str) -> None:
         """Mark the session completed (`POST /sessions/{id}/complete`)."""
         await self._call("POST", f"/sessions/{session_id}/complete", org_id)

@@ -18,9 +18,10 @@ import contextvars
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from undolog_sdk.client import UndoLogClient, default_client
+from undolog_sdk.client import InterceptResponse, UndoLogClient, default_client
 from undolog_sdk.errors import AwaitingApprovalError, add_note
 from undolog_sdk.session import UndoLogSession, get_current_session
 from undolog_sdk.signature import call_signature, canonical_json
@@ -99,78 +100,137 @@ def undolog_tool(
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             call_args = {k: v for k, v in bound.arguments.items() if k != session_param}
-            return cast(R, await _intercepted(fn, name, session, call_args, args, kwargs))
+            c = _client_for(client, session)
+            asked = await _ask(c, session, name, tier, compensation, call_args)
+            return cast(R, await _carry_out(c, session, asked, name, fn, args, kwargs))
 
-        async def _intercepted(
-            fn_: Callable[..., Awaitable[Any]],
-            name_: str,
-            session: UndoLogSession,
-            call_args: dict[str, Any],
-            args: tuple[Any, ...],
-            kwargs: dict[str, Any],
-        ) -> Any:
-            c = client or session.client or default_client()
-            if session.client is None:
-                session.client = c
-            # The step is taken before the first await, so calls started together (gather)
-            # get their steps in the order they were started, on every run of the agent.
-            step = session.next_step()
-            try:
-                # The reference's flow signs the call first: a session id that is not a UUID,
-                # or arguments that are not JSON, fail here (ValueError), before anything is
-                # recorded. The proxy computes the same signature from the same inputs.
-                signed = call_signature(session.session_id, step, name_, call_args)
-                await c.register_tool(
-                    session.org_id,
-                    name_,
-                    tier.value,
-                    compensation.to_dict() if compensation is not None else None,
-                )
-                decision = await c.intercept(
-                    session.org_id, session.session_id, name_, step, call_args
-                )
-                # The proxy has seen the session now: leaving the block completes or rolls
-                # it back. A call refused before that (not JSON, proxy unreachable) does not.
-                session._used = True
-            except BaseException:
-                session._give_back_step(step)
-                raise
-            if decision.outcome == Outcome.REPLAY:
-                session._awaiting.pop(signed, None)
-                return decision.cached_result
-            if decision.outcome == Outcome.AWAITING_APPROVAL:
-                session._give_back_step(step)
-                session._awaiting[signed] = decision.approval_id or ""
-                waiting = AwaitingApprovalError(decision.approval_id or "", name_, step)
-                waiting.retry_after = decision.retry_after
-                raise waiting
-            session._awaiting.pop(signed, None)  # approved: this call runs now
-            effect_id = decision.effect_id or ""
-            token = _current_effect.set(effect_id)
-            try:
-                result = await fn_(*args, **kwargs)
-            except BaseException as exc:
-                session._give_back_step(step)
-                try:
-                    await c.fail(session.org_id, session.session_id, effect_id, _describe(exc))
-                except Exception as fail_exc:  # keep the tool's own error as the one raised
-                    add_note(exc, f"UndoLog could not record this failure: {fail_exc!r}")
-                raise
-            finally:
-                _current_effect.reset(token)
-            try:
-                canonical_json(result)
-            except ValueError as exc:
-                session._give_back_step(step)  # like any failure: a retry is the same call
-                message = f"tool '{name_}' returned a value that is not JSON: {exc}"
-                await c.fail(session.org_id, session.session_id, effect_id, message)
-                raise TypeError(message) from None
-            await c.commit(session.org_id, session.session_id, effect_id, result)
-            return result
-
+        setattr(wrapper, _SPEC_ATTR, _ToolSpec(name, tier, compensation, client, fn, signature))
         return wrapper
 
     return decorate
+
+
+_SPEC_ATTR = "__undolog_tool__"
+
+
+@dataclass(frozen=True)
+class _ToolSpec:
+    """What `@undolog_tool` was given, kept on the wrapper for the framework integrations."""
+
+    name: str
+    tier: ToolTier
+    compensation: CompensationDescriptor | None
+    client: UndoLogClient | None
+    fn: Callable[..., Awaitable[Any]]
+    signature: inspect.Signature
+
+
+def _spec_of(fn: Callable[..., Any]) -> _ToolSpec | None:
+    """The spec of an `@undolog_tool` function, or None for any other callable."""
+    spec = getattr(fn, _SPEC_ATTR, None)
+    return spec if isinstance(spec, _ToolSpec) else None
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """The proxy's decision for one call, with the step it was asked at and its signature."""
+
+    step: int
+    signed: str
+    decision: InterceptResponse
+
+
+def _client_for(client: UndoLogClient | None, session: UndoLogSession) -> UndoLogClient:
+    c = client or session.client or default_client()
+    if session.client is None:
+        session.client = c
+    return c
+
+
+async def _ask(
+    c: UndoLogClient,
+    session: UndoLogSession,
+    name: str,
+    tier: ToolTier,
+    compensation: CompensationDescriptor | None,
+    call_args: dict[str, Any],
+) -> _Asked:
+    """Take the session's next step, register the tool on first use and ask the proxy what
+    to do with the call. A call refused here gives its step back."""
+    # The step is taken before the first await, so calls started together (gather) get
+    # their steps in the order they were started, on every run of the agent.
+    step = session.next_step()
+    try:
+        # The reference's flow signs the call first: a session id that is not a UUID, or
+        # arguments that are not JSON, fail here (ValueError), before anything is recorded.
+        # The proxy computes the same signature from the same inputs.
+        signed = call_signature(session.session_id, step, name, call_args)
+        await c.register_tool(
+            session.org_id,
+            name,
+            tier.value,
+            compensation.to_dict() if compensation is not None else None,
+        )
+        decision = await c.intercept(session.org_id, session.session_id, name, step, call_args)
+        # The proxy has seen the session now: leaving the block completes or rolls it back.
+        # A call refused before that (not JSON, proxy unreachable) does not.
+        session._used = True
+    except BaseException:
+        session._give_back_step(step)
+        raise
+    return _Asked(step, signed, decision)
+
+
+def _awaiting(session: UndoLogSession, asked: _Asked, name: str) -> AwaitingApprovalError:
+    """Note that the call waits for approval (it keeps its step for the retry); the error."""
+    session._give_back_step(asked.step)
+    approval_id = asked.decision.approval_id or ""
+    session._awaiting[asked.signed] = approval_id
+    waiting = AwaitingApprovalError(approval_id, name, asked.step)
+    waiting.retry_after = asked.decision.retry_after
+    return waiting
+
+
+async def _carry_out(
+    c: UndoLogClient,
+    session: UndoLogSession,
+    asked: _Asked,
+    name: str,
+    fn: Callable[..., Awaitable[Any]],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """Act on the proxy's decision: replay, raise `AwaitingApprovalError`, or run the body
+    and record its result (or its failure)."""
+    decision, step = asked.decision, asked.step
+    if decision.outcome == Outcome.REPLAY:
+        session._awaiting.pop(asked.signed, None)
+        return decision.cached_result
+    if decision.outcome == Outcome.AWAITING_APPROVAL:
+        raise _awaiting(session, asked, name)
+    session._awaiting.pop(asked.signed, None)  # approved: this call runs now
+    effect_id = decision.effect_id or ""
+    token = _current_effect.set(effect_id)
+    try:
+        result = await fn(*args, **kwargs)
+    except BaseException as exc:
+        session._give_back_step(step)
+        try:
+            await c.fail(session.org_id, session.session_id, effect_id, _describe(exc))
+        except Exception as fail_exc:  # keep the tool's own error as the one raised
+            add_note(exc, f"UndoLog could not record this failure: {fail_exc!r}")
+        raise
+    finally:
+        _current_effect.reset(token)
+    try:
+        canonical_json(result)
+    except ValueError as exc:
+        session._give_back_step(step)  # like any failure: a retry is the same call
+        message = f"tool '{name}' returned a value that is not JSON: {exc}"
+        await c.fail(session.org_id, session.session_id, effect_id, message)
+        raise TypeError(message) from None
+    await c.commit(session.org_id, session.session_id, effect_id, result)
+    return result
 
 
 def _describe(exc: BaseException) -> str:
@@ -197,6 +257,19 @@ def wrap_tools(
             function given, or a COMPENSABLE function without a compensation.
         TypeError: a function that is not `async def`.
     """
+    return [
+        undolog_tool(tier, compensation, client=client)(fn)
+        for fn, tier, compensation in _classified(fns, tiers, compensations)
+    ]
+
+
+def _classified(
+    fns: Iterable[Callable[..., Awaitable[Any]]],
+    tiers: Mapping[str, ToolTier | str],
+    compensations: Mapping[str, CompensationDescriptor] | None,
+) -> list[tuple[Callable[..., Awaitable[Any]], ToolTier, CompensationDescriptor | None]]:
+    """Each function with its tier and compensation, looked up by its `__name__` (see
+    `wrap_tools` for what is refused)."""
     fns = list(fns)
     compensations = dict(compensations or {})
     names = [getattr(fn, "__name__", repr(fn)) for fn in fns]
@@ -206,11 +279,39 @@ def wrap_tools(
     stray = sorted(set(compensations) - set(names))
     if stray:
         raise ValueError(f"compensations for unknown tools: {', '.join(stray)}")
-    wrapped = []
+    classified = []
     for fn, name in zip(fns, names, strict=True):
         try:
             tier = ToolTier(tiers[name])
         except ValueError:
             raise ValueError(f"tool '{name}': {tiers[name]!r} is not a tier") from None
-        wrapped.append(undolog_tool(tier, compensations.get(name), client=client)(fn))
-    return wrapped
+        classified.append((fn, tier, compensations.get(name)))
+    return classified
+
+
+def _spec_for(
+    fn: Callable[..., Awaitable[Any]],
+    tier: ToolTier | str | None,
+    compensation: CompensationDescriptor | None,
+    client: UndoLogClient | None,
+) -> _ToolSpec:
+    """The spec of a tool made from a plain function and its tier, or from an `@undolog_tool`
+    function (whose own tier and compensation apply; `client` replaces its client if given).
+
+    Raises:
+        ValueError: a plain function without a tier, an `@undolog_tool` function with one;
+            a COMPENSABLE tier without a compensation.
+        TypeError: `fn` is not `async def`.
+    """
+    spec = _spec_of(fn)
+    if spec is None:
+        if tier is None:
+            raise ValueError(f"no tier for {getattr(fn, '__name__', fn)!r}: give the tool a tier")
+        spec = _spec_of(undolog_tool(ToolTier(tier), compensation, client=client)(fn))
+        assert spec is not None
+        return spec
+    if tier is not None or compensation is not None:
+        raise ValueError(f"{spec.name!r} is an @undolog_tool already: it has its tier")
+    if client is None:
+        return spec
+    return _ToolSpec(spec.name, spec.tier, spec.compensation, client, spec.fn, spec.signature)

@@ -1,5 +1,6 @@
-"""Framework integrations: `undolog_sdk.integrations.<framework>`.
+"""Adapters that put UndoLog into agent frameworks, one module per framework:
+`undolog_sdk.integrations.langgraph`, `.openai_agents`, `.pydantic_ai`.
 
-Each module imports its framework, which is an optional extra (`pip install 'undolog[langgraph]'`);
-importing `undolog_sdk` (or this package) never imports a framework.
+Each module imports its framework, an optional extra (`pip install 'undolog[<framework>]'`);
+importing `undolog_sdk` (or this package) never imports any of them.
 """

@@ -38,8 +38,8 @@ from langchain_core.tools import StructuredTool, ToolException
 from langgraph.prebuilt import ToolRuntime
 from langgraph.types import Interrupt, interrupt
 
-from undolog_sdk.client import UndoLogClient
-from undolog_sdk.decorators import AwaitingApprovalError, _get_default_client, wrap_tools
+from undolog_sdk.client import UndoLogClient, default_client
+from undolog_sdk.decorators import AwaitingApprovalError, wrap_tools
 from undolog_sdk.errors import ApprovalRejected, ApprovalTimedOut
 from undolog_sdk.session import UndoLogSession, get_current_session, require_current_session
 from undolog_sdk.signature import call_signature
@@ -228,7 +228,7 @@ class _Call:
     async def _request(
         self, waiting: AwaitingApprovalError, view: UndoLogSession
     ) -> dict[str, Any]:
-        client = self.client or view.client or _get_default_client()
+        client = self.client or view.client or default_client()
         return {
             "type": APPROVAL_TYPE,
             "approval_id": waiting.approval_id,
