@@ -80,8 +80,9 @@ from undolog.engine import Decision
 from undolog.engine.model import ORG_WIDE, Actor
 from undolog.logs import internal_error_message
 from undolog.mcp.config import McpSettings
+from undolog.mcp.link import Capability
 from undolog.mcp.results import awaiting, awaiting_text, recorded_result, refusal, with_meta
-from undolog.mcp.upstreams import Capability, GatewayTool, UpstreamPool
+from undolog.mcp.upstreams import GatewayTool, UpstreamPool
 from undolog.services.calls import Call, CallOutcome, CallStatus, refused, run_call
 from undolog.services.delivery import AnswerWatch, Delivery
 from undolog.services.executor import ToolTransportError
