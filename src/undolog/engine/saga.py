@@ -17,18 +17,14 @@ which invalidates the old holder's token.
 
 from __future__ import annotations
 
-import enum
-import hashlib
 import hmac
 import secrets
-import time
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
-from typing import Any, NoReturn
-
-import orjson
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from undolog.engine.model import check_registered_before_executed, session_lock_key
+from undolog.engine.model import event_json as _event
+from undolog.engine.model import now_us as _now_us
 from undolog.engine.states import (
     ApprovalStatus,
     EffectState,
@@ -36,6 +32,15 @@ from undolog.engine.states import (
     UndoState,
     check_effect_transition,
     check_session_transition,
+)
+from undolog.engine.unwind import (
+    LOST_RUN,
+    Claim,
+    StepKind,
+    compensation_payload,
+    hash_claim_token,
+    is_idempotent,
+    plan_next,
 )
 from undolog.store.base import Queries, Store
 from undolog.store.records import EffectRecord, SessionRecord, UndoEntryRecord
@@ -49,120 +54,15 @@ from undolog_sdk.errors import (
 from undolog_sdk.wire import EventType, ExecutionMode
 from undolog_sdk.wire import RollbackOutcome as RollbackStatus
 
-__all__ = ["Claim", "RollbackStatus", "Saga", "StepKind", "hash_claim_token", "plan_next"]
-
-_DONE_ENTRY_STATES = frozenset({UndoState.COMPENSATED, UndoState.SKIPPED, UndoState.RESOLVED})
-# Effects whose forward call never took effect: their compensation has nothing to undo.
-_NEVER_RAN = frozenset(
-    {EffectState.FAILED, EffectState.REJECTED, EffectState.TIMED_OUT, EffectState.AWAITING_APPROVAL}
-)
-# Effects whose outcome is unknown: the unwinding waits for an operator.
-_UNSETTLED = frozenset({EffectState.EXECUTING, EffectState.IN_DOUBT, EffectState.PENDING})
-
-
-class StepKind(enum.Enum):
-    RUN = "run"  # claim this entry and run its compensation
-    SKIP = "skip"  # its forward call never committed: mark skipped, look further down
-    SETTLE = "settle"  # its effect is already compensated: mark the entry so
-    BUSY = "busy"  # another runner holds it under a live lease
-    OTHER_RUNNER = "other_runner"  # the top entry belongs to the other kind of runner
-    BLOCKED = "blocked"  # its forward call is in doubt or still running
-    FAILED = "failed"  # it exhausted its retries: an operator must retry or resolve it
-    LOST = "lost"  # its runner died mid-run and it is not idempotent: outcome unknown
-    DONE = "done"  # nothing left to undo
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    kind: StepKind
-    entry: UndoEntryRecord | None = None
-    effect: EffectRecord | None = None
-
-
-def plan_next(
-    stack: Sequence[tuple[UndoEntryRecord, EffectRecord]],
-    runner: str,
-    now_us: int,
-    idempotent: Collection[str] | None = None,
-) -> Step:
-    """What to do next with a stack given newest first, for a runner of kind `runner`.
-
-    `idempotent` holds the ids of entries whose compensation is declared idempotent (None:
-    every entry). A claim whose lease lapsed (its runner died mid-run) runs again only for
-    those; any other is `LOST`: its outcome is unknown and an operator must act.
-    """
-    for entry, effect in stack:
-        if entry.state in _DONE_ENTRY_STATES:
-            continue
-        if entry.state == UndoState.FAILED:
-            return Step(StepKind.FAILED, entry, effect)
-        if effect.state in _NEVER_RAN:
-            return Step(StepKind.SKIP, entry, effect)
-        if effect.state == EffectState.COMPENSATED:
-            return Step(StepKind.SETTLE, entry, effect)
-        if effect.state in _UNSETTLED:
-            return Step(StepKind.BLOCKED, entry, effect)
-        lease = entry.lease_expires_us
-        if entry.state == UndoState.RUNNING and lease is not None and lease > now_us:
-            return Step(StepKind.BUSY, entry, effect)
-        if (
-            entry.state == UndoState.RUNNING
-            and entry.last_error is None  # an attempt had started (see `Saga.start_attempt`)
-            and idempotent is not None
-            and entry.entry_id not in idempotent
-        ):
-            return Step(StepKind.LOST, entry, effect)
-        if entry.runner != runner:
-            return Step(StepKind.OTHER_RUNNER, entry, effect)
-        return Step(StepKind.RUN, entry, effect)
-    return Step(StepKind.DONE)
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """A claimed entry: run `entry`'s compensation with `payload`, then report with `token`."""
-
-    entry: UndoEntryRecord
-    effect: EffectRecord
-    payload: dict[str, Any]
-    attempts_left: int
-    idempotent: bool = False  # the compensation may run again when its outcome is unknown
-    token: str = ""
-
-
-LOST_RUN = (
-    "compensation outcome unknown: its runner stopped mid-run and it is not declared "
-    "idempotent; check the tool, then retry or resolve this entry"
-)
-
-
-def is_idempotent(compensation_json: str | None) -> bool:
-    """Whether a tool's registered compensation is declared `idempotent`."""
-    if compensation_json is None:
-        return False
-    data = orjson.loads(compensation_json)
-    return isinstance(data, dict) and data.get("idempotent") is True
-
-
-def hash_claim_token(token: str) -> str:
-    """SHA-256 hex of a claim token: the only form in which the store keeps it."""
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
-def _now_us() -> int:
-    return time.time_ns() // 1000
-
-
-def _event(payload: dict[str, Any]) -> str:
-    return orjson.dumps(payload).decode()
-
-
-def compensation_payload(entry: UndoEntryRecord, effect: EffectRecord) -> dict[str, Any]:
-    """What a compensation receives: its captured args plus the forward call's args/result."""
-    payload: dict[str, Any] = dict(orjson.loads(entry.args_json))
-    payload["original_args"] = orjson.loads(effect.args_json)
-    payload["original_result"] = orjson.loads(effect.result_json) if effect.result_json else None
-    return payload
+__all__ = [
+    "LOST_RUN",
+    "Claim",
+    "RollbackStatus",
+    "Saga",
+    "StepKind",
+    "hash_claim_token",
+    "plan_next",
+]
 
 
 class Saga:
