@@ -40,7 +40,7 @@ from undolog.engine.states import (
     UndoState,
     check_effect_transition,
 )
-from undolog.store.base import Queries, Store
+from undolog.store.protocol import Queries, Store
 from undolog.store.records import (
     ApprovalRecord,
     EffectRecord,

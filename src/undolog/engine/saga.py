@@ -37,7 +37,7 @@ from undolog.engine.states import (
     check_effect_transition,
     check_session_transition,
 )
-from undolog.store.base import Queries, Store
+from undolog.store.protocol import Queries, Store
 from undolog.store.records import EffectRecord, SessionRecord, UndoEntryRecord
 from undolog_sdk.errors import (
     ClaimNotHeld,

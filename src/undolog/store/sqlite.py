@@ -16,11 +16,13 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import aiosqlite
 
-from undolog.store.base import Queries, Store, load_migrations
+from undolog.store._sql import SqlQueries
+from undolog.store.base import StoreBase, load_migrations
+from undolog.store.protocol import Queries, Store
 from undolog_sdk.errors import Database
 
 __all__ = ["SqliteStore"]
@@ -28,7 +30,7 @@ __all__ = ["SqliteStore"]
 BUSY_TIMEOUT_MS = 10_000
 
 
-class _SqliteQueries(Queries):
+class _SqliteQueries(SqlQueries):
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self._conn = conn
 
@@ -63,7 +65,7 @@ def _path_from_url(url: str) -> str:
     return url[len("sqlite:///") :]
 
 
-class SqliteStore(Store):
+class SqliteStore(StoreBase):
     dialect = "sqlite"
 
     def __init__(self, path: str) -> None:
@@ -157,6 +159,7 @@ class SqliteStore(Store):
 
     async def schema_version(self) -> int:
         async with self.reader() as q:
+            assert isinstance(q, _SqliteQueries)
             # Inside `reader()` a failing statement raises sqlite3.Error (turned into Database
             # only on the way out), so ask whether the table exists instead of catching.
             exists = await q._fetchrow(
@@ -218,3 +221,8 @@ def _statements(script: str) -> list[str]:
     """Split a migration script into statements (our scripts have no `;` inside literals)."""
     body = re.sub(r"--[^\n]*", "", script)
     return [s.strip() for s in body.split(";") if s.strip()]
+
+
+if TYPE_CHECKING:  # mypy checks that the store and its queries meet the protocol
+    _store: Store = SqliteStore(":memory:")
+    _queries: Queries = _SqliteQueries(cast("aiosqlite.Connection", None))
