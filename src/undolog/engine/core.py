@@ -173,10 +173,10 @@ class Engine(Registry):
         tool = await self.get_tool(org_id, tool_name)
         tier = ToolTier(tool.tier)
         call = Call(org_id, session_id, tool, tier, args, args_json, tool_version, mode, actor)
-        one_call = step_index is not None and self._executes_in_one_call(call)
+        one_call = step_index is not None and self._records_new(call)
         if actor.own_sessions_only and not one_call:
             # Checked before any read that could replay the session's calls; the store's
-            # one-call path checks it itself, and the locked paths check it again.
+            # `execute_new` checks it itself, and the locked paths check it again.
             async with self.store.reader() as q:
                 found, owner = await q.session_owner(org_id, "session", session_id)
             if found and not actor.may_use(owner):
@@ -217,10 +217,10 @@ class Engine(Registry):
         assert plan.decision is not None
         return plan.decision
 
-    def _executes_in_one_call(self, call: Call) -> bool:
-        """Whether a numbered call goes to the store's one-call path (`_execute_new`): the
-        store can, and the decision table says a new call of an active session executes."""
-        if not self.store.executes_new_in_one_call or call.tier.is_safe:
+    def _records_new(self, call: Call) -> bool:
+        """Whether a numbered call goes to the store's new-call operation (`_execute_new`):
+        the decision table says a new call of an active session executes."""
+        if call.tier.is_safe:
             return False
         action = decide(
             tier=call.tier,
@@ -235,11 +235,12 @@ class Engine(Registry):
     async def _execute_new(
         self, call: Call, step: int, signature: str
     ) -> Decision | EffectRecord | None:
-        """A new call, or a replay, in one round trip (`execute_new`); only when
-        `_executes_in_one_call`, since the store inserts it only in exactly that situation.
+        """A new call, or a replay, by the store's one operation (`execute_new`); only when
+        `_records_new`, since the store inserts it only in exactly that situation.
 
-        Returns the Execute or Replay decision, or the effect that has the signature in
-        another state, or None (lock busy, session not active): the full path decides.
+        Returns the Execute or Replay decision, or the effect that has the signature (the
+        caller replays it if it is replayable), or None (lock busy, session not active):
+        the full path decides.
         Raises `Forbidden` when the session is another key's and the actor is held to its
         own (the store checks it before anything else).
         """

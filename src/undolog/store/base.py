@@ -23,9 +23,8 @@ class StoreBase(abc.ABC):
     """What both stores share (the `Store` protocol's behaviour that is not SQL)."""
 
     dialect: ClassVar[str]
-    # Whether `execute_new` can intercept a new call in one round trip.
-    executes_new_in_one_call: ClassVar[bool] = False
 
+    @abc.abstractmethod
     async def execute_new(
         self,
         effect: EffectRecord,
@@ -36,21 +35,7 @@ class StoreBase(abc.ABC):
         owner: str | None = None,
         owner_only: bool = False,
     ) -> tuple[ExecuteNew, EffectRecord | None]:
-        """Intercept a new call in one round trip, where `executes_new_in_one_call`.
-
-        First of all, with `owner_only`, a session that exists and is not `owner`'s (or has
-        no owner) answers "forbidden" with nothing read or written. A session it creates is
-        recorded as `owner`'s.
-
-        If an effect has the signature: "replayed" when it is in one of `replay`'s states
-        (and `replay`'s event, a type and a payload, is written), else "exists"; both return
-        that effect. Otherwise, under the signature's lock (not waited for: "busy"), and only
-        if the session, touched as `touch_session` does, is active ("closed"), insert
-        `effect` with its undo entry and `event` ("inserted"). The engine decides when to
-        ask; "exists", "busy" and "closed" send it down its full path, which holds the whole
-        decision table.
-        """
-        raise NotImplementedError(f"{self.dialect} has no one-call execute_new")
+        """Record a new call, each store its own way (see `Store.execute_new`)."""
 
     def on_events(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback` after each commit that wrote events; returns a remover."""

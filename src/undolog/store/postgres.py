@@ -193,7 +193,6 @@ class _PostgresQueries(SqlQueries):
 
 class PostgresStore(StoreBase):
     dialect = "postgres"
-    executes_new_in_one_call = True
 
     def __init__(
         self,

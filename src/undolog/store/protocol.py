@@ -309,8 +309,6 @@ class Store(Protocol):
     """A database behind `Queries`. Open one with `undolog.store.open_store`."""
 
     dialect: ClassVar[str]
-    # Whether `execute_new` can intercept a new call in one round trip.
-    executes_new_in_one_call: ClassVar[bool]
 
     async def execute_new(
         self,
@@ -322,7 +320,10 @@ class Store(Protocol):
         owner: str | None = None,
         owner_only: bool = False,
     ) -> tuple[ExecuteNew, EffectRecord | None]:
-        """Intercept a new call in one round trip, where `executes_new_in_one_call`.
+        """Record a new call: the one operation for it, which every store implements its own
+        way (PostgreSQL: one round trip, the `undolog_execute_new` function; SQLite: its own
+        `BEGIN IMMEDIATE` transaction). The engine asks for every numbered call that the
+        decision table would execute if it were new in an active session.
 
         First of all, with `owner_only`, a session that exists and is not `owner`'s (or has
         no owner) answers "forbidden" with nothing read or written. A session it creates is
@@ -330,11 +331,12 @@ class Store(Protocol):
 
         If an effect has the signature: "replayed" when it is in one of `replay`'s states
         (and `replay`'s event, a type and a payload, is written), else "exists"; both return
-        that effect. Otherwise, under the signature's lock (not waited for: "busy"), and only
-        if the session, touched as `touch_session` does, is active ("closed"), insert
-        `effect` with its undo entry and `event` ("inserted"). The engine decides when to
-        ask; "exists", "busy" and "closed" send it down its full path, which holds the whole
-        decision table.
+        that effect. A store may answer "exists" for a replayable one too: the engine then
+        replays it, its event written best-effort on its own (SQLite does). Otherwise, under
+        the signature's lock (not waited for: "busy"), and only if the session, touched as
+        `touch_session` does, is active ("closed"), insert `effect` with its undo entry and
+        `event` ("inserted"). The engine decides when to ask; "exists", "busy" and "closed"
+        send it down its full path, which holds the whole decision table.
         """
 
     def on_events(self, callback: Callable[[], None]) -> Callable[[], None]:
