@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from undolog.store._columns import columns, numbered
+from undolog.store.base import load_migrations
 from undolog.store.records import (
     ApprovalRecord,
     EffectRecord,
@@ -115,3 +116,12 @@ def test_numbered_rewrites_only_real_placeholders(sql: str, expected: str) -> No
 def test_numbered_refuses_what_it_cannot_number_safely(sql: str, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         numbered(sql)
+
+
+def test_the_new_call_functions_row_is_the_effect_record() -> None:
+    """PostgreSQL's `undolog_execute_new` returns an outcome and an effect row; the store maps
+    that row with `columns(EffectRecord)`, so the function's columns must be the record's."""
+    latest = [sql for _, sql in load_migrations("postgres") if "undolog_execute_new(" in sql][-1]
+    returns = latest.split("RETURNS TABLE (", 1)[1].split(")", 1)[0]
+    names = [line.split()[0] for line in returns.strip().splitlines()]
+    assert names == ["outcome", *columns(EffectRecord).names]
