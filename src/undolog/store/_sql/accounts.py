@@ -13,7 +13,8 @@ from undolog_sdk.wire import SessionState
 
 
 class AccountSql(abc.ABC):
-    """All statements of the store, bound to one connection (and maybe one transaction)."""
+    """Statements of the store on accounts and sessions, over three dialect primitives; the
+    whole set, bound to one connection (and maybe one transaction), is `SqlQueries`."""
 
     # Set once an event row is written: the store tells its event listeners after commit.
     events_written = False
