@@ -21,7 +21,7 @@ from undolog.engine.core import Engine
 from undolog.engine.decide import Action
 from undolog.engine.model import Decision, lock_key
 from undolog.engine.states import ApprovalStatus, EffectState, SessionState
-from undolog.store.base import Queries
+from undolog.store.protocol import Queries
 from undolog.store.records import ApprovalRecord, EffectRecord
 from undolog_sdk.errors import (
     ApprovalAlreadyResolved,

@@ -2,45 +2,43 @@
 
 Each public method is one short transaction. Intercept reads first without a lock (a replay of
 a committed call needs nothing more), then takes the signature's lock, decides with the pure
-`decide` table and writes the intent durably before anything runs. Where the store can
-(PostgreSQL), the read, the lock and the write of the common new call are one round trip. The
+`decide` table and writes the intent durably before anything runs. The common new call is
+the store's one operation (`Store.execute_new`: one round trip on PostgreSQL). What happens
+to an existing effect (an action applied, in doubt, commit, fail, resolve) is in `effects`. The
 engine knows nothing of HTTP: it raises the errors of `undolog_sdk.errors` and the proxy maps
 them to the wire.
 """
 
 from __future__ import annotations
 
-import math
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from undolog.engine.decide import Action, decide
+from undolog.engine.effects import ANSWERED_STATES, Effects, Plan
 from undolog.engine.model import (
     ORG_WIDE,
     Actor,
     Call,
     Decision,
     Outcome,
-    SessionView,
     event_json,
     now_us,
     session_lock_key,
 )
 from undolog.engine.owners import session_refused
-from undolog.engine.registry import DEFAULT_APPROVAL_TIMEOUT_S, Registry
+from undolog.engine.registry import DEFAULT_APPROVAL_TIMEOUT_S
 from undolog.engine.states import (
     REPLAYABLE_STATES,
     ApprovalStatus,
     EffectState,
     SessionState,
     UndoState,
-    check_effect_transition,
 )
-from undolog.store.base import Queries, Store
+from undolog.store.protocol import Queries, Store
 from undolog.store.records import (
     ApprovalRecord,
     EffectRecord,
@@ -49,15 +47,9 @@ from undolog.store.records import (
     UndoEntryRecord,
 )
 from undolog_sdk.errors import (
-    ApprovalRejected,
-    ApprovalTimedOut,
     DuplicateSignature,
     EffectInDoubt,
-    InProgress,
     InvalidRequest,
-    InvalidStateTransition,
-    NotExecuting,
-    NotFound,
     SessionClosed,
     UndoLogError,
 )
@@ -80,12 +72,7 @@ _UNFINISHED_STATES = (
     EffectState.REJECTED.value,
     EffectState.TIMED_OUT.value,
 )
-# ...or it has a result that has not reached the client (`mark_delivered`).
-ANSWERED_STATES = (EffectState.COMMITTED.value,)
-
-
-# Why an effect is in doubt: its process stopped renewing the lease (it died).
-LEASE_EXPIRED = "execution lease expired before commit or fail"
+# ...or it has a result that has not reached the client (`mark_delivered`): ANSWERED_STATES.
 
 # The states a call replays from, as the store takes them (`Store.execute_new`).
 _REPLAYABLE = tuple(sorted(state.value for state in REPLAYABLE_STATES))
@@ -96,15 +83,7 @@ _APPROVAL_STATES = frozenset(
 )
 
 
-@dataclass
-class _Plan:
-    """What a transaction decided, carried out of it (errors are raised after commit)."""
-
-    decision: Decision | None = None
-    error: Exception | None = None
-
-
-class Engine(Registry):
+class Engine(Effects):
     """Exactly-once interception of tool calls over a `Store`.
 
     Args:
@@ -173,10 +152,10 @@ class Engine(Registry):
         tool = await self.get_tool(org_id, tool_name)
         tier = ToolTier(tool.tier)
         call = Call(org_id, session_id, tool, tier, args, args_json, tool_version, mode, actor)
-        one_call = step_index is not None and self._executes_in_one_call(call)
+        one_call = step_index is not None and self._records_new(call)
         if actor.own_sessions_only and not one_call:
             # Checked before any read that could replay the session's calls; the store's
-            # one-call path checks it itself, and the locked paths check it again.
+            # `execute_new` checks it itself, and the locked paths check it again.
             async with self.store.reader() as q:
                 found, owner = await q.session_owner(org_id, "session", session_id)
             if found and not actor.may_use(owner):
@@ -217,10 +196,10 @@ class Engine(Registry):
         assert plan.decision is not None
         return plan.decision
 
-    def _executes_in_one_call(self, call: Call) -> bool:
-        """Whether a numbered call goes to the store's one-call path (`_execute_new`): the
-        store can, and the decision table says a new call of an active session executes."""
-        if not self.store.executes_new_in_one_call or call.tier.is_safe:
+    def _records_new(self, call: Call) -> bool:
+        """Whether a numbered call goes to the store's new-call operation (`_execute_new`):
+        the decision table says a new call of an active session executes."""
+        if call.tier.is_safe:
             return False
         action = decide(
             tier=call.tier,
@@ -235,11 +214,12 @@ class Engine(Registry):
     async def _execute_new(
         self, call: Call, step: int, signature: str
     ) -> Decision | EffectRecord | None:
-        """A new call, or a replay, in one round trip (`execute_new`); only when
-        `_executes_in_one_call`, since the store inserts it only in exactly that situation.
+        """A new call, or a replay, by the store's one operation (`execute_new`); only when
+        `_records_new`, since the store inserts it only in exactly that situation.
 
-        Returns the Execute or Replay decision, or the effect that has the signature in
-        another state, or None (lock busy, session not active): the full path decides.
+        Returns the Execute or Replay decision, or the effect that has the signature (the
+        caller replays it if it is replayable), or None (lock busy, session not active):
+        the full path decides.
         Raises `Forbidden` when the session is another key's and the actor is held to its
         own (the store checks it before anything else).
         """
@@ -263,10 +243,6 @@ class Engine(Registry):
             return self._replay_decision(existing, call.tool)
         return existing
 
-    def _in_progress(self, effect: EffectRecord, now: int) -> InProgress:
-        remaining_s = math.ceil(((effect.lease_expires_us or now) - now) / 1_000_000)
-        return InProgress(effect.effect_id, max(1, min(self.retry_after_seconds, remaining_s)))
-
     async def _replay(self, effect: EffectRecord, tool: ToolRecord) -> Decision:
         """A replay is a pure read: its `effect_replayed` event is written best-effort, on its
         own, so a store that cannot write (disk full, read-only) still serves replays."""
@@ -285,22 +261,6 @@ class Engine(Registry):
         return self._replay_decision(effect, tool)
 
     @staticmethod
-    def _replayed_payload(tool_name: str, step: int) -> str:
-        return event_json({"stage": "replayed", "tool_name": tool_name, "step_index": step})
-
-    @staticmethod
-    def _replay_decision(effect: EffectRecord, tool: ToolRecord) -> Decision:
-        return Decision(
-            Outcome.REPLAY,
-            effect.effect_id,
-            effect.step_index,
-            effect.call_signature,
-            tool,
-            attempt=effect.attempts,
-            result_json=effect.result_json,
-        )
-
-    @staticmethod
     async def _touch_session(q: Queries, call: Call, step: int, now: int) -> SessionRecord:
         """The call's session, created as the actor's if new; `Forbidden` (raised inside the
         transaction, so the touch is rolled back) when the actor may not use it."""
@@ -311,7 +271,7 @@ class Engine(Registry):
 
     async def _intercept_locked(
         self, call: Call, step: int, signature: str, *, known_absent: bool
-    ) -> _Plan:
+    ) -> Plan:
         async with self.store.transaction(lock_key=signature) as q:
             now = self._clock()
             session = await self._touch_session(q, call, step, now)
@@ -320,7 +280,7 @@ class Engine(Registry):
             )
             return await self._decide_and_apply(q, call, session, step, signature, existing)
 
-    async def _intercept_unnumbered(self, call: Call) -> _Plan:
+    async def _intercept_unnumbered(self, call: Call) -> Plan:
         """A call without a step: a retry of an identical call whose answer is owed, or the
         session's next step (see `_UNFINISHED_STATES` and `mark_delivered`)."""
         org_id, session_id, tool = call.org_id, call.session_id, call.tool
@@ -331,7 +291,7 @@ class Engine(Registry):
                 org_id, session_id, tool.name, call.args_json, _UNFINISHED_STATES, ANSWERED_STATES
             )
         if seen is not None and seen.state in REPLAYABLE_STATES:
-            return _Plan(decision=await self._replay(seen, tool))
+            return Plan(decision=await self._replay(seen, tool))
         async with self.store.transaction(lock_key=session_lock_key(org_id, session_id)) as q:
             now = self._clock()
             session = await self._touch_session(q, call, 0, now)
@@ -360,7 +320,7 @@ class Engine(Registry):
         step: int,
         signature: str,
         existing: EffectRecord | None,
-    ) -> _Plan:
+    ) -> Plan:
         org_id, session_id, tool = session.org_id, session.session_id, call.tool
         for _ in range(2):  # a second round only after losing an insert race
             approval = None
@@ -384,13 +344,13 @@ class Engine(Registry):
                     raise DuplicateSignature(signature)
                 continue
             if existing is None:  # only SESSION_CLOSED leaves decide() without a row
-                return _Plan(error=SessionClosed(session_id, session.state))
+                return Plan(error=SessionClosed(session_id, session.state))
             return await self.apply_action(q, action, tool, existing, approval, now)
         raise DuplicateSignature(signature)
 
     async def _insert_new(
         self, q: Queries, action: Action, call: Call, step: int, signature: str, now: int
-    ) -> _Plan | None:
+    ) -> Plan | None:
         """Write a new effect (and its undo entry or approval); None if the signature exists."""
         executing = action is Action.EXECUTE_NEW
         tool = call.tool
@@ -404,7 +364,7 @@ class Engine(Registry):
             if not await q.insert_executing_effect(effect, undo, event, payload):
                 return None
             decision = Decision(Outcome.EXECUTE, effect_id, step, signature, tool)
-            return _Plan(decision=decision)
+            return Plan(decision=decision)
         if not await q.insert_effect(effect):
             return None
         org = await self._org(q, org_id)
@@ -448,7 +408,7 @@ class Engine(Registry):
             tool,
             approval_id=approval.approval_id,
         )
-        return _Plan(decision=decision)
+        return Plan(decision=decision)
 
     def _new_effect(
         self, call: Call, step: int, signature: str, now: int, *, executing: bool
@@ -512,325 +472,3 @@ class Engine(Registry):
             updated_us=registered_us,
             runner=effect.mode,
         )
-
-    async def apply_action(
-        self,
-        q: Queries,
-        action: Action,
-        tool: ToolRecord,
-        effect: EffectRecord,
-        approval: ApprovalRecord | None,
-        now: int,
-    ) -> _Plan:
-        org_id, effect_id = effect.org_id, effect.effect_id
-        if action is Action.REPLAY:
-            payload = self._replayed_payload(effect.tool_name, effect.step_index)
-            await q.insert_event(
-                org_id, EventType.EFFECT_REPLAYED, effect.session_id, effect_id, payload, now
-            )
-            return _Plan(decision=self._replay_decision(effect, tool))
-        if action is Action.AWAITING:
-            assert approval is not None
-            return _Plan(
-                decision=Decision(
-                    Outcome.AWAITING_APPROVAL,
-                    effect_id,
-                    effect.step_index,
-                    effect.call_signature,
-                    tool,
-                    approval_id=approval.approval_id,
-                )
-            )
-        if action is Action.IN_PROGRESS:
-            return _Plan(error=self._in_progress(effect, now))
-        if action is Action.MARK_IN_DOUBT:
-            await self._move_in_doubt(q, effect, LEASE_EXPIRED, now)
-            return _Plan(error=EffectInDoubt(effect_id))
-        if action is Action.IN_DOUBT:
-            return _Plan(error=EffectInDoubt(effect_id))
-        if action is Action.REJECTED:
-            approval_id = approval.approval_id if approval else effect_id
-            return _Plan(error=ApprovalRejected(approval_id, approval.reason if approval else None))
-        if action is Action.TIMED_OUT:
-            return _Plan(error=ApprovalTimedOut(approval.approval_id if approval else effect_id))
-        if action is Action.SESSION_CLOSED:
-            session = await q.get_session(org_id, effect.session_id)
-            return _Plan(error=SessionClosed(effect.session_id, session.state if session else "?"))
-        # A (new) run of an existing effect: failed before, lease lost, or just approved.
-        attempt = effect.attempts + (0 if action is Action.EXECUTE_APPROVED else 1)
-        check_effect_transition(effect_id, effect.state, EffectState.EXECUTING)
-        executed = max(now, (effect.executed_us or 0) + 1)
-        changed = await q.update_effect(
-            org_id,
-            effect_id,
-            expect_state=effect.state,
-            state=EffectState.EXECUTING.value,
-            attempts=attempt,
-            error=None,
-            lease_expires_us=executed + self.lease_us,
-            executed_us=executed,
-            updated_us=now,
-        )
-        if not changed:
-            # Another writer moved it first (an approval running it, a concurrent retry):
-            # answer what it is now, as a duplicate arriving a moment later would get.
-            current = await q.get_effect(org_id, effect_id)
-            if current is not None and current.state == EffectState.EXECUTING:
-                return _Plan(error=self._in_progress(current, now))
-            if current is not None and current.state in REPLAYABLE_STATES:
-                return _Plan(decision=self._replay_decision(current, tool))
-            if current is not None and current.state == EffectState.IN_DOUBT:
-                return _Plan(error=EffectInDoubt(effect_id))
-            raise InvalidStateTransition(effect_id, effect.state, EffectState.EXECUTING.value)
-        await q.insert_event(
-            org_id,
-            EventType.EFFECT_INTERCEPTED,
-            effect.session_id,
-            effect_id,
-            event_json(
-                {
-                    "stage": EffectState.EXECUTING,
-                    "tool_name": effect.tool_name,
-                    "tier": effect.tier,
-                    "step_index": effect.step_index,
-                    "attempt": attempt,
-                    "reason": action.value,
-                }
-            ),
-            now,
-        )
-        return _Plan(
-            decision=Decision(
-                Outcome.EXECUTE,
-                effect_id,
-                effect.step_index,
-                effect.call_signature,
-                tool,
-                attempt=attempt,
-            )
-        )
-
-    # -- in doubt: ambiguous outcomes, expired leases ----------------------------------------
-
-    @staticmethod
-    async def _move_in_doubt(q: Queries, effect: EffectRecord, reason: str, now: int) -> bool:
-        """executing → in_doubt with its `effect_failed` event (stage `in_doubt`); False when
-        the effect had moved on meanwhile (nothing written)."""
-        check_effect_transition(effect.effect_id, effect.state, EffectState.IN_DOUBT)
-        changed = await q.update_effect(
-            effect.org_id,
-            effect.effect_id,
-            expect_state=effect.state,
-            state=EffectState.IN_DOUBT.value,
-            lease_expires_us=None,
-            error=reason,
-            updated_us=now,
-        )
-        if not changed:
-            return False
-        payload = {"stage": EffectState.IN_DOUBT, "tool_name": effect.tool_name, "error": reason}
-        await q.insert_event(
-            effect.org_id, EventType.EFFECT_FAILED, effect.session_id, effect.effect_id,
-            event_json(payload), now,
-        )  # fmt: skip
-        return True
-
-    async def mark_in_doubt(
-        self, org_id: str, effect_id: str, reason: str, *, attempt: int
-    ) -> EffectRecord | None:
-        """The run of `attempt` ended with an ambiguous outcome (a timeout, a connection lost
-        after sending, an answer that is no ToolResult): the tool may have run, so the effect
-        is `in_doubt` until an operator resolves it. None when that run was no longer the
-        effect's (another attempt took over, or it was settled meanwhile)."""
-        async with self.store.transaction() as q:
-            effect = await q.get_effect(org_id, effect_id)
-            if (
-                effect is None
-                or effect.state != EffectState.EXECUTING
-                or effect.attempts != attempt
-            ):
-                return None
-            now = self._clock()
-            if not await self._move_in_doubt(q, effect, reason, now):
-                return None
-            return await q.get_effect(org_id, effect_id)
-
-    async def renew_lease(self, org_id: str, effect_id: str, attempt: int) -> bool:
-        """Extend a running call's lease by a full lease from now (see `Queries.renew_lease`)."""
-        async with self.store.autocommit() as q:
-            return await q.renew_lease(org_id, effect_id, attempt, self._clock() + self.lease_us)
-
-    async def sweep_expired(self, limit: int = 100) -> list[EffectRecord]:
-        """Move `executing` effects whose lease expired (their process died, since a live one
-        renews it) to `in_doubt` — or to `failed` for an `idempotent_upstream` tool, whose
-        retry may run it again under the same key — without waiting for a retry; the effects
-        moved, in their new state.
-
-        Safe with several proxies on one PostgreSQL: the rows are claimed `FOR UPDATE SKIP
-        LOCKED`, and each move is conditional on the state.
-        """
-        moved = []
-        async with self.store.transaction() as q:
-            now = self._clock()
-            for effect in await q.claim_expired_effects(now, limit):
-                tool = await q.get_tool(effect.org_id, effect.tool_name)
-                if tool is not None and tool.idempotent_upstream:
-                    # Safe to run again under the same key: failed, and a retry reruns it.
-                    if await self._fail_expired(q, effect, now):
-                        moved.append(replace(effect, state=EffectState.FAILED.value))
-                elif await self._move_in_doubt(q, effect, LEASE_EXPIRED, now):
-                    moved.append(replace(effect, state=EffectState.IN_DOUBT.value))
-        return moved
-
-    @staticmethod
-    async def _fail_expired(q: Queries, effect: EffectRecord, now: int) -> bool:
-        changed = await q.update_effect(
-            effect.org_id, effect.effect_id, expect_state=EffectState.EXECUTING.value,
-            state=EffectState.FAILED.value, lease_expires_us=None, error=LEASE_EXPIRED,
-            updated_us=now,
-        )  # fmt: skip
-        if changed:
-            payload = {
-                "stage": EffectState.FAILED,
-                "tool_name": effect.tool_name,
-                "error": LEASE_EXPIRED,
-            }
-            await q.insert_event(
-                effect.org_id, EventType.EFFECT_FAILED, effect.session_id, effect.effect_id,
-                event_json(payload), now,
-            )  # fmt: skip
-        return changed
-
-    # -- commit / fail / resolve ---------------------------------------------------------------
-
-    async def mark_delivered(self, org_id: str, effect_ids: Sequence[str]) -> None:
-        """Note that these step-less calls' answers reached their client.
-
-        From then on an identical call of the session is a new call (the next step), not a
-        retry. Only a result counts (a committed effect); an effect that has not committed
-        (failed, or run again by a retry) is left alone.
-        """
-        if not effect_ids:
-            return
-        async with self.store.autocommit() as q:
-            await q.mark_delivered(org_id, effect_ids, ANSWERED_STATES, self._clock())
-
-    async def commit(
-        self, org_id: str, effect_id: str, result_json: str, *, undoable: bool = True
-    ) -> EffectRecord:
-        """Record a run's result. Raises `NotFound`, or `NotExecuting` if it is not running.
-
-        `undoable=False` records a logical failure (the tool ran and said no): it is replayed
-        like any result, but a rollback has nothing to undo, so its undo entry is skipped.
-        """
-        return await self._finish(
-            org_id, effect_id, EffectState.COMMITTED, result_json, None, undoable=undoable
-        )
-
-    async def fail(self, org_id: str, effect_id: str, error: str) -> EffectRecord:
-        """Record a run's failure; a retry of the call becomes a new attempt."""
-        return await self._finish(org_id, effect_id, EffectState.FAILED, None, error)
-
-    async def resolve(
-        self,
-        org_id: str,
-        effect_id: str,
-        *,
-        outcome: str,
-        result_json: str | None = None,
-        error: str | None = None,
-    ) -> EffectRecord:
-        """An operator settles an `in_doubt` effect as committed (with a result) or failed."""
-        if outcome not in (EffectState.COMMITTED, EffectState.FAILED):
-            raise InvalidRequest("outcome must be 'committed' or 'failed'")
-        target = EffectState(outcome)
-        async with self.store.reader() as q:
-            effect = await q.get_effect(org_id, effect_id)
-        if effect is None:
-            raise NotFound(f"effect '{effect_id}' not found")
-        lease = effect.lease_expires_us
-        orphan = effect.state == EffectState.EXECUTING and (lease is None or lease <= self._clock())
-        if effect.state != EffectState.IN_DOUBT and not orphan:
-            raise InvalidStateTransition(effect_id, effect.state, target.value)
-        if target is EffectState.COMMITTED and result_json is None:
-            raise InvalidRequest("resolving as committed needs a result")
-        return await self._finish(
-            org_id,
-            effect_id,
-            target,
-            result_json,
-            None
-            if target is EffectState.COMMITTED
-            else error or "resolved as failed by an operator",
-            resolved=True,
-        )
-
-    async def _finish(
-        self,
-        org_id: str,
-        effect_id: str,
-        target: EffectState,
-        result_json: str | None,
-        error: str | None,
-        *,
-        resolved: bool = False,
-        undoable: bool = True,
-    ) -> EffectRecord:
-        now = self._clock()
-        extra: dict[str, Any] = {}
-        if error is not None:
-            extra["error"] = error
-        if resolved:
-            extra["resolved_by"] = "operator"
-        if not undoable:
-            extra["undo"] = "skipped: the tool reported a logical failure"
-        committed = target is EffectState.COMMITTED
-        event = EventType.EFFECT_COMMITTED if committed else EventType.EFFECT_FAILED
-        scope = self.store.atomic() if undoable else self.store.transaction()
-        async with scope as q:
-            effect = await q.finish_effect(
-                org_id, effect_id, target=target.value, result_json=result_json, error=error,
-                now_us=now, event_type=event, extra=extra,
-            )  # fmt: skip
-            if effect is not None and not undoable:
-                await q.skip_pending_undo_entries(org_id, effect_id, now)
-        if effect is None:
-            current = await self.get_effect(org_id, effect_id)  # NotFound if there is none
-            check_effect_transition(effect_id, current.state, target.value)
-            raise NotExecuting(effect_id)  # pragma: no cover - the check above raises
-        return effect
-
-    # -- reads -------------------------------------------------------------------------------
-
-    async def get_effect(self, org_id: str, effect_id: str) -> EffectRecord:
-        async with self.store.reader() as q:
-            effect = await q.get_effect(org_id, effect_id)
-        if effect is None:
-            raise NotFound(f"effect '{effect_id}' not found")
-        return effect
-
-    async def session_view(self, org_id: str, session_id: str) -> SessionView:
-        """A session with its effects (step order), undo stack (top first) and approvals."""
-        async with self.store.reader() as q:
-            session = await q.get_session(org_id, session_id)
-            if session is None:
-                raise NotFound(f"session '{session_id}' not found")
-            effects = await q.list_effects(org_id, session_id)
-            undo = await q.list_undo_entries(org_id, session_id)
-            approvals = await q.list_session_approvals(org_id, session_id)
-            events = await q.list_events(org_id, 0, 100_000, session_id=session_id)
-        replays: dict[str, int] = {}
-        for event in events:
-            if event.type == EventType.EFFECT_REPLAYED and event.effect_id:
-                replays[event.effect_id] = replays.get(event.effect_id, 0) + 1
-        return SessionView(session, effects, undo, approvals, replays)
-
-    async def list_sessions(
-        self, org_id: str, limit: int = 100, actor: Actor = ORG_WIDE
-    ) -> list[SessionRecord]:
-        """The org's sessions, latest first: only its own for an actor held to them."""
-        owner = actor.key_id if actor.own_sessions_only else None
-        if actor.own_sessions_only and owner is None:
-            return []
-        async with self.store.reader() as q:
-            return await q.list_sessions(org_id, limit, owner)

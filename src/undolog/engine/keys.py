@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from undolog.engine.model import now_us
-from undolog.store.base import Store
+from undolog.store.protocol import Store
 from undolog.store.records import KeyRecord
 from undolog_sdk.errors import InvalidRequest, NotFound
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 
 from undolog.engine.model import Actor
-from undolog.store.base import Store
+from undolog.store.protocol import Store
 from undolog_sdk.errors import Forbidden, NotFound
 
 __all__ = ["Owned", "ensure_visible", "session_refused"]

@@ -12,7 +12,7 @@ from typing import Any
 
 from undolog.engine.keys import KeySource, Role, new_key_id
 from undolog.engine.model import now_us
-from undolog.store.base import Queries, Store
+from undolog.store.protocol import Queries, Store
 from undolog.store.records import KeyRecord, OrgRecord, ToolRecord
 from undolog.upstreams import check_tool_name
 from undolog_sdk.errors import InvalidRequest, ToolNotRegistered

@@ -42,7 +42,7 @@ from undolog.engine.unwind import (
     is_idempotent,
     plan_next,
 )
-from undolog.store.base import Queries, Store
+from undolog.store.protocol import Queries, Store
 from undolog.store.records import EffectRecord, SessionRecord, UndoEntryRecord
 from undolog_sdk.errors import (
     ClaimNotHeld,

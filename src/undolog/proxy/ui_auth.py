@@ -38,7 +38,7 @@ from undolog.engine.model import now_us
 from undolog.proxy.ratelimit import FailureLimiter, client_address
 from undolog.proxy.roles import Principal
 from undolog.proxy.wire import error_body, error_response, json_response
-from undolog.store.base import Store
+from undolog.store.protocol import Store
 from undolog.store.records import KeyRecord
 from undolog_sdk.errors import RateLimited
 

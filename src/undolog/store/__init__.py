@@ -1,8 +1,9 @@
-"""Stores: one protocol (`Store`/`Queries`), a SQLite and a PostgreSQL implementation."""
+"""Stores: one protocol (`Store`/`Queries`, store/protocol.py), a SQLite and a PostgreSQL
+implementation on shared SQL (store/_sql/)."""
 
 from __future__ import annotations
 
-from undolog.store.base import Queries, Store
+from undolog.store.protocol import Queries, Store
 from undolog.store.records import (
     ApprovalRecord,
     EffectRecord,

@@ -9,31 +9,30 @@ rely on `UNIQUE (org_id, call_signature)` with `ON CONFLICT DO NOTHING` as the s
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import asyncpg
 import orjson
 
-from undolog.store.base import EFFECT_COLUMNS, ExecuteNew, Queries, Store, load_migrations
+from undolog.store._columns import numbered
+from undolog.store._sql import EFFECT, SqlQueries
+from undolog.store._sql.rows import FINISHABLE, SDK_RUNNER, UNDO
+from undolog.store.base import StoreBase, load_migrations
+from undolog.store.protocol import ExecuteNew, Queries, Store
 from undolog.store.records import EffectRecord, UndoEntryRecord
 from undolog_sdk.errors import AdvisoryLockTimeout, Database
+from undolog_sdk.wire import SessionState
 
 __all__ = ["PostgresStore", "advisory_key"]
 
+# The state of a session that takes new calls (a parameter of `undolog_execute_new`).
+_ACTIVE = SessionState.ACTIVE.value
+
 # A session-level lock around migrations, so two processes migrating at once take turns.
 _MIGRATION_LOCK_KEY = 0x756E646F6C6F67  # "undolog"
-
-
-@lru_cache(maxsize=512)
-def _dollar(sql: str) -> str:
-    """Rewrite `?` placeholders as `$1, $2, ...` (our SQL has no `?` inside literals)."""
-    counter = iter(range(1, 10_000))
-    return re.sub(r"\?", lambda _: f"${next(counter)}", sql)
 
 
 def advisory_key(signature: str) -> int:
@@ -64,7 +63,15 @@ async def _keep(conn: asyncpg.Connection) -> None:
     """
 
 
-class _PostgresQueries(Queries):
+# The columns a new undo entry is written with (the rest come from its effect's row or
+# keep their defaults: `seq`, `last_error`, the claim).
+_NEW_UNDO_COLUMNS = (
+    "entry_id", "fn_name", "fn_version", "args", "max_retries", "retry_backoff_ms",
+    "registered_us", "state", "attempts", "updated_us", "runner",
+)  # fmt: skip
+
+
+class _PostgresQueries(SqlQueries):
     _SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
 
     def __init__(self, conn: asyncpg.Connection) -> None:
@@ -81,19 +88,21 @@ class _PostgresQueries(Queries):
         now_us: int,
         event_type: str,
         extra: dict[str, Any],
+        from_states: Sequence[str] = FINISHABLE,
+        self_reporting_mode: str = SDK_RUNNER,
     ) -> EffectRecord | None:
         # One statement (so no BEGIN/COMMIT round trips): the update and its event row.
         self.events_written = True
         row = await self._conn.fetchrow(
             "WITH u AS (UPDATE effects SET state = $1, result = $2, error = $3, "
             "lease_expires_us = NULL, finished_us = $4, updated_us = $4, "
-            "delivered_us = CASE WHEN mode = 'sdk' THEN $4 ELSE delivered_us END "
-            "WHERE org_id = $5 AND effect_id = $6 AND state IN ('executing', 'in_doubt') "
-            f"RETURNING {EFFECT_COLUMNS}), "
+            "delivered_us = CASE WHEN mode = $9 THEN $4 ELSE delivered_us END "
+            "WHERE org_id = $5 AND effect_id = $6 AND state = ANY($10::text[]) "
+            f"RETURNING {EFFECT.select()}), "
             "e AS (INSERT INTO events (org_id, type, session_id, effect_id, payload, created_us) "
             "SELECT org_id, $7, session_id, effect_id, (jsonb_build_object('stage', $1::text, "
             "'tool_name', tool_name, 'attempt', attempts) || $8::jsonb)::text, $4 FROM u) "
-            f"SELECT {EFFECT_COLUMNS} FROM u",
+            f"SELECT {EFFECT.select()} FROM u",
             target,
             result_json,
             error,
@@ -102,8 +111,10 @@ class _PostgresQueries(Queries):
             effect_id,
             event_type,
             orjson.dumps(extra).decode(),
+            self_reporting_mode,
+            list(from_states),
         )
-        return EffectRecord(*row) if row is not None else None
+        return EFFECT.row(row) if row is not None else None
 
     async def insert_executing_effect(
         self,
@@ -114,36 +125,28 @@ class _PostgresQueries(Queries):
     ) -> bool:
         # One statement: the undo entry and the event are written only if the effect was.
         self.events_written = True
-        e = effect
-        args: list[Any] = [
-            e.effect_id, e.org_id, e.session_id, e.step_index, e.tool_name, e.tool_version,
-            e.tier, e.call_signature, e.args_json, e.state, e.mode, e.attempts, e.result_json,
-            e.error, e.lease_expires_us, e.executed_us, e.finished_us, e.created_us,
-            e.updated_us, event_type, payload_json,
-        ]  # fmt: skip
+        args: list[Any] = [*EFFECT.values(effect)]
         undo_sql = ""
         if undo is not None:
-            u = undo
-            args += [
-                u.entry_id, u.fn_name, u.fn_version, u.args_json, u.max_retries,
-                u.retry_backoff_ms, u.registered_us, u.state, u.attempts, u.runner,
-            ]  # fmt: skip
+            values = dict(zip(UNDO.names, UNDO.values(undo), strict=True))
+            values["updated_us"] = undo.registered_us
+            names = _NEW_UNDO_COLUMNS
+            args += [values[n] for n in names]
             undo_sql = (
-                ", u AS (INSERT INTO undo_entries (entry_id, org_id, session_id, effect_id, "
-                "fn_name, fn_version, args, max_retries, retry_backoff_ms, registered_us, state, "
-                "attempts, updated_us, runner) SELECT $22, org_id, session_id, effect_id, $23, "
-                "$24, $25, $26, $27, $28, $29, $30, $28, $31 FROM ins)"
+                ", u AS (INSERT INTO undo_entries (org_id, session_id, effect_id, "
+                f"{', '.join(names)}) SELECT org_id, session_id, effect_id, "
+                f"{', '.join('?' for _ in names)} FROM ins)"
             )
-        row = await self._conn.fetchrow(
-            f"WITH ins AS (INSERT INTO effects ({EFFECT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, "
-            "$6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) "
+        args += [event_type, payload_json]
+        sql = (
+            f"WITH ins AS ({EFFECT.insert('effects')} "
             "ON CONFLICT (org_id, call_signature) DO NOTHING "
             "RETURNING org_id, session_id, effect_id, created_us)"
             f"{undo_sql}, ev AS (INSERT INTO events (org_id, type, session_id, effect_id, "
-            "payload, created_us) SELECT org_id, $20, session_id, effect_id, $21, created_us "
-            "FROM ins) SELECT count(*) FROM ins",
-            *args,
+            "payload, created_us) SELECT org_id, ?, session_id, effect_id, ?, created_us "
+            "FROM ins) SELECT count(*) FROM ins"
         )
+        row = await self._conn.fetchrow(numbered(sql), *args)
         return bool(row and row[0])
 
     async def execute_new(
@@ -155,20 +158,21 @@ class _PostgresQueries(Queries):
         owner: str | None,
         owner_only: bool,
     ) -> tuple[ExecuteNew, EffectRecord | None]:
-        """`PostgresStore.execute_new`: one call of `undolog_execute_new` (migrations 4, 7, 9)."""
+        """`PostgresStore.execute_new`: one call of `undolog_execute_new` (migrations 4, 7, 9,
+        10)."""
         e, u = effect, undo
         replay_states, replay_type, replay_payload = replay
         row = await self._conn.fetchrow(
             "SELECT * FROM undolog_execute_new($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, "
             "$12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, "
-            "$28, $29, $30, $31, $32)",
+            "$28, $29, $30, $31, $32, $33)",
             advisory_key(e.call_signature), e.effect_id, e.org_id, e.session_id, e.step_index,
             e.tool_name, e.tool_version, e.tier, e.call_signature, e.args_json, e.state, e.mode,
             e.attempts, e.lease_expires_us, e.executed_us, e.created_us, *event,
             u and u.entry_id, u and u.fn_name, u and u.fn_version, u and u.args_json,
             u and u.max_retries, u and u.retry_backoff_ms, u and u.registered_us,
             u and u.state, u and u.runner, list(replay_states), replay_type, replay_payload,
-            owner, owner_only,
+            owner, owner_only, _ACTIVE,
         )  # fmt: skip
         assert row is not None
         outcome: ExecuteNew = row[0]
@@ -176,25 +180,24 @@ class _PostgresQueries(Queries):
         if row[0] == "replayed_unlogged":  # served although its event could not be written
             outcome = "replayed"
         found = outcome in ("replayed", "exists")
-        return outcome, EffectRecord(*row[1:]) if found else None
+        return outcome, EFFECT.row(row[1:]) if found else None
 
     async def _fetchrow(self, sql: str, *args: Any) -> Sequence[Any] | None:
-        row = await self._conn.fetchrow(_dollar(sql), *args)
+        row = await self._conn.fetchrow(numbered(sql), *args)
         return tuple(row) if row is not None else None
 
     async def _fetch(self, sql: str, *args: Any) -> list[Sequence[Any]]:
-        return [tuple(r) for r in await self._conn.fetch(_dollar(sql), *args)]
+        return [tuple(r) for r in await self._conn.fetch(numbered(sql), *args)]
 
     async def _execute(self, sql: str, *args: Any) -> int:
-        status: str = await self._conn.execute(_dollar(sql), *args)
+        status: str = await self._conn.execute(numbered(sql), *args)
         # "INSERT 0 1", "UPDATE 3", "DELETE 0": the row count is the last word.
         tail = status.rsplit(" ", 1)[-1]
         return int(tail) if tail.isdigit() else 0
 
 
-class PostgresStore(Store):
+class PostgresStore(StoreBase):
     dialect = "postgres"
-    executes_new_in_one_call = True
 
     def __init__(
         self,
@@ -366,3 +369,8 @@ class PostgresStore(Store):
 
     async def close(self) -> None:
         await self._pool.close()
+
+
+if TYPE_CHECKING:  # mypy checks that the store and its queries meet the protocol
+    _store: Store = PostgresStore(cast("asyncpg.Pool", None))
+    _queries: Queries = _PostgresQueries(cast("asyncpg.Connection", None))

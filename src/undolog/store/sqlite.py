@@ -13,22 +13,27 @@ import asyncio
 import re
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import aiosqlite
 
-from undolog.store.base import Queries, Store, load_migrations
+from undolog.store._sql import SqlQueries
+from undolog.store.base import StoreBase, load_migrations
+from undolog.store.protocol import ExecuteNew, Queries, Store
+from undolog.store.records import EffectRecord, UndoEntryRecord
 from undolog_sdk.errors import Database
+from undolog_sdk.wire import SessionState
 
 __all__ = ["SqliteStore"]
 
 BUSY_TIMEOUT_MS = 10_000
+_ACTIVE = SessionState.ACTIVE.value
 
 
-class _SqliteQueries(Queries):
+class _SqliteQueries(SqlQueries):
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self._conn = conn
 
@@ -63,7 +68,7 @@ def _path_from_url(url: str) -> str:
     return url[len("sqlite:///") :]
 
 
-class SqliteStore(Store):
+class SqliteStore(StoreBase):
     dialect = "sqlite"
 
     def __init__(self, path: str) -> None:
@@ -132,6 +137,45 @@ class SqliteStore(Store):
                 raise Database(str(exc)) from exc
             self._committed(q)
 
+    async def execute_new(
+        self,
+        effect: EffectRecord,
+        undo: UndoEntryRecord | None,
+        event: tuple[str, str],
+        replay: tuple[Collection[str], str, str],
+        *,
+        owner: str | None = None,
+        owner_only: bool = False,
+    ) -> tuple[ExecuteNew, EffectRecord | None]:
+        """`Store.execute_new` for SQLite: a read, then one `BEGIN IMMEDIATE` transaction.
+
+        An effect that has the signature is answered "exists" (a replay included: the engine
+        replays it with its event written best-effort, so a store that cannot write still
+        serves replays). The single writer serialises new calls: there is no "busy".
+        """
+        org_id, session_id = effect.org_id, effect.session_id
+        async with self.reader() as q:
+            if owner_only and not await _may_use(q, org_id, session_id, owner):
+                return "forbidden", None
+            seen = await q.get_effect_by_signature(org_id, effect.call_signature)
+        if seen is not None:
+            return "exists", seen
+        try:
+            async with self.transaction() as q:
+                now = effect.created_us
+                session = await q.touch_session(org_id, session_id, effect.step_index, now, owner)
+                # Again under the write lock: another key may have created the session since
+                # the read; then the touch is rolled back.
+                if owner_only and session.owner_key_id != owner:
+                    raise _Refused
+                if session.state != _ACTIVE:
+                    return "closed", None
+                if not await _insert_executing(q, effect, undo, *event):
+                    return "busy", None  # inserted meanwhile by a step-less call: full path
+        except _Refused:
+            return "forbidden", None
+        return "inserted", None
+
     @asynccontextmanager
     async def reader(self) -> AsyncIterator[Queries]:
         conn = self._reader
@@ -157,6 +201,7 @@ class SqliteStore(Store):
 
     async def schema_version(self) -> int:
         async with self.reader() as q:
+            assert isinstance(q, _SqliteQueries)
             # Inside `reader()` a failing statement raises sqlite3.Error (turned into Database
             # only on the way out), so ask whether the table exists instead of catching.
             exists = await q._fetchrow(
@@ -214,7 +259,29 @@ class SqliteStore(Store):
             raise Database(str(errors[0])) from errors[0]
 
 
+class _Refused(Exception):
+    """Rolls back `execute_new`'s transaction: the session is another key's."""
+
+
+async def _insert_executing(
+    q: Queries, effect: EffectRecord, undo: UndoEntryRecord | None, event_type: str, payload: str
+) -> bool:
+    # The event type was checked where `execute_new`'s caller spelled it (an EventType).
+    return await q.insert_executing_effect(effect, undo, event_type, payload)
+
+
+async def _may_use(q: Queries, org_id: str, session_id: str, owner: str | None) -> bool:
+    """Whether a key held to its own sessions may use this one (absent: it will own it)."""
+    found, owner_key_id = await q.session_owner(org_id, "session", session_id)
+    return not found or owner_key_id == owner
+
+
 def _statements(script: str) -> list[str]:
     """Split a migration script into statements (our scripts have no `;` inside literals)."""
     body = re.sub(r"--[^\n]*", "", script)
     return [s.strip() for s in body.split(";") if s.strip()]
+
+
+if TYPE_CHECKING:  # mypy checks that the store and its queries meet the protocol
+    _store: Store = SqliteStore(":memory:")
+    _queries: Queries = _SqliteQueries(cast("aiosqlite.Connection", None))
