@@ -7,12 +7,8 @@ the next entry be claimed, so LIFO order holds whoever runs what. A claim holds 
 runner that dies mid-compensation loses it, and the next claim retries the same entry with the
 same idempotency key (the entry id).
 
-Each claim carries a fresh, unguessable claim token; reporting on the entry (`complete`,
-`fail_attempt`) requires it, so no other caller of the org can settle an entry someone else
-is running (which once marked a compensation that ran `failed`). Only the token's SHA-256 is
-stored: the token is a bearer credential, and a reader of the database (or a backup) must not
-be able to report in the runner's name. A new claim after the lease lapsed replaces the hash,
-which invalidates the old holder's token.
+Each claim carries a fresh, unguessable claim token that reporting on the entry requires (see
+`undolog.engine.unwind`, where it is hashed).
 """
 
 from __future__ import annotations

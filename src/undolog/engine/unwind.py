@@ -1,6 +1,13 @@
 """The saga's rule and records: `plan_next` (what to do with an undo stack, a pure function),
 the claim a runner holds, and the payload a compensation is called with. `Saga` (saga.py)
 carries them out in transactions.
+
+Each claim carries a fresh, unguessable claim token; reporting on the entry (`complete`,
+`fail_attempt`) requires it, so no other caller of the org can settle an entry someone else
+is running (which once marked a compensation that ran `failed`). Only the token's SHA-256 is
+stored: the token is a bearer credential, and a reader of the database (or a backup) must not
+be able to report in the runner's name. A new claim after the lease lapsed replaces the hash,
+which invalidates the old holder's token.
 """
 
 from __future__ import annotations
