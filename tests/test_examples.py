@@ -28,6 +28,7 @@ LANGGRAPH_AGENT = AGENT.with_name("langgraph_agent.py")
 OPENAI_AGENT = AGENT.with_name("openai_agents_agent.py")
 PYDANTIC_AGENT = AGENT.with_name("pydantic_ai_agent.py")
 LLAMA_AGENT = AGENT.with_name("llama_index_agent.py")
+SK_AGENT = AGENT.with_name("semantic_kernel_agent.py")
 
 
 def agent_env(proxy: ProxyHarness, **extra: str) -> dict[str, str]:
@@ -280,3 +281,27 @@ def test_the_llama_index_example_can_wait_and_resume_its_run(
     assert agent.lines.count("[tool] delete_customer_data runs (cus_42)") == 1
     assert sum(line.startswith("[tool] charge_card runs") for line in agent.lines) == 1
     assert agent.lines[-1] == "agent -> Charged cus_42 and deleted their data."
+
+
+def test_the_semantic_kernel_example_stops_at_the_approval_and_a_restart_finishes(
+    proxy: ProxyHarness,
+) -> None:
+    pytest.importorskip("semantic_kernel")
+    code, first = run_agent(proxy, SK_AGENT)
+    assert code == 2, first
+    session_id = session_of(first)
+    assert sum(line.startswith("[tool] charge_card runs") for line in first) == 1
+    assert not any(line.startswith("[tool] delete_customer_data") for line in first)
+    asyncio.run(decide_approval(proxy, approval_of(first)))
+
+    code, second = run_agent(proxy, SK_AGENT, UNDOLOG_SESSION_ID=session_id)
+    assert code == 0, second
+    assert session_of(second) == session_id
+    assert not any(line.startswith("[tool] charge_card") for line in second)  # replayed
+    assert "[tool] delete_customer_data runs (cus_42)" in second
+    assert second[-1] == "agent -> Charged cus_42 and deleted their data."
+    view = session_view(proxy, session_id)
+    assert [(e["tool_name"], e["state"], e["attempts"]) for e in view["effects"]] == [
+        ("charge_card", "committed", 1), ("delete_customer_data", "committed", 1),
+    ]  # fmt: skip
+    assert view["state"] == "completed"
