@@ -27,6 +27,8 @@ AGENT = Path(__file__).resolve().parents[1] / "examples" / "agent.py"
 LANGGRAPH_AGENT = AGENT.with_name("langgraph_agent.py")
 OPENAI_AGENT = AGENT.with_name("openai_agents_agent.py")
 PYDANTIC_AGENT = AGENT.with_name("pydantic_ai_agent.py")
+LLAMA_AGENT = AGENT.with_name("llama_index_agent.py")
+SK_AGENT = AGENT.with_name("semantic_kernel_agent.py")
 
 
 def agent_env(proxy: ProxyHarness, **extra: str) -> dict[str, str]:
@@ -239,3 +241,67 @@ def test_the_pydantic_ai_example_can_wait_and_resume_its_run(
     assert agent.lines.count("[tool] delete_customer_data runs (cus_42)") == 1
     assert sum(line.startswith("[tool] charge_card runs") for line in agent.lines) == 1
     assert agent.lines[-1] == "agent -> Charged cus_42 and deleted their data."
+
+
+def test_the_llama_index_example_stops_at_the_input_required_event_and_a_restart_finishes(
+    proxy: ProxyHarness,
+) -> None:
+    pytest.importorskip("llama_index.core")
+    code, first = run_agent(proxy, LLAMA_AGENT)
+    assert code == 2, first
+    session_id = session_of(first)
+    assert sum(line.startswith("[tool] charge_card runs") for line in first) == 1
+    assert not any(line.startswith("[tool] delete_customer_data") for line in first)
+    asyncio.run(decide_approval(proxy, approval_of(first)))
+
+    code, second = run_agent(proxy, LLAMA_AGENT, UNDOLOG_SESSION_ID=session_id)
+    assert code == 0, second
+    assert session_of(second) == session_id
+    assert not any(line.startswith("[tool] charge_card") for line in second)  # replayed
+    assert "[tool] delete_customer_data runs (cus_42)" in second
+    assert second[-1] == "agent -> Charged cus_42 and deleted their data."
+    view = session_view(proxy, session_id)
+    assert [(e["tool_name"], e["state"], e["attempts"]) for e in view["effects"]] == [
+        ("charge_card", "committed", 1), ("delete_customer_data", "committed", 1),
+    ]  # fmt: skip
+    assert view["state"] == "completed"
+
+
+def test_the_llama_index_example_can_wait_and_resume_its_run(
+    proxy_factory: Any, tmp_path: Path
+) -> None:
+    pytest.importorskip("llama_index.core")
+    harness: ProxyHarness = proxy_factory(retry_after_seconds=1)
+    env = agent_env(harness, AGENT_WAIT="1")
+    with Agent([sys.executable, str(LLAMA_AGENT)], env, tmp_path / "agent.log") as agent:
+        agent.wait_for_line(" awaits approval ")
+        asyncio.run(decide_approval(harness, approval_of(agent.lines)))
+        assert agent.finish() == 0, agent.lines
+    assert (tmp_path / "agent.log").read_text() == ""
+    assert agent.lines.count("[tool] delete_customer_data runs (cus_42)") == 1
+    assert sum(line.startswith("[tool] charge_card runs") for line in agent.lines) == 1
+    assert agent.lines[-1] == "agent -> Charged cus_42 and deleted their data."
+
+
+def test_the_semantic_kernel_example_stops_at_the_approval_and_a_restart_finishes(
+    proxy: ProxyHarness,
+) -> None:
+    pytest.importorskip("semantic_kernel")
+    code, first = run_agent(proxy, SK_AGENT)
+    assert code == 2, first
+    session_id = session_of(first)
+    assert sum(line.startswith("[tool] charge_card runs") for line in first) == 1
+    assert not any(line.startswith("[tool] delete_customer_data") for line in first)
+    asyncio.run(decide_approval(proxy, approval_of(first)))
+
+    code, second = run_agent(proxy, SK_AGENT, UNDOLOG_SESSION_ID=session_id)
+    assert code == 0, second
+    assert session_of(second) == session_id
+    assert not any(line.startswith("[tool] charge_card") for line in second)  # replayed
+    assert "[tool] delete_customer_data runs (cus_42)" in second
+    assert second[-1] == "agent -> Charged cus_42 and deleted their data."
+    view = session_view(proxy, session_id)
+    assert [(e["tool_name"], e["state"], e["attempts"]) for e in view["effects"]] == [
+        ("charge_card", "committed", 1), ("delete_customer_data", "committed", 1),
+    ]  # fmt: skip
+    assert view["state"] == "completed"
