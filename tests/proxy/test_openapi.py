@@ -92,6 +92,9 @@ def test_the_statuses_bodies_and_queries_are_those_the_routes_use(proxy: ProxyHa
     assert {"200", "202", "400", "404", "409", "413", "502", "503"} <= set(call["responses"])
     pending = call["responses"]["202"]["content"]["application/json"]["schema"]["$ref"]
     assert pending.endswith("/ToolCallPending")
+    approve = call["responses"]["202"]["links"]["Approve"]  # the ids lead on (OpenAPI links)
+    assert approve["operationId"] == paths["/approvals/{id}/approve"]["post"]["operationId"]
+    assert approve["parameters"] == {"id": "$response.body#/approval_id"}
     for path, model in [
         ("/effects/{id}/commit", "CommitBody"),
         ("/effects/{id}/fail", "FailBody"),

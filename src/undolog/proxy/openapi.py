@@ -122,6 +122,43 @@ _MCP_DESCRIPTION = (
 )
 
 
+def _link(operation_id: str, parameter: str, expression: str) -> dict[str, Any]:
+    return {"operationId": operation_id, "parameters": {parameter: expression}}
+
+
+# OpenAPI links: where an answer's ids lead (clients and stateful test tools follow them).
+_EFFECT = "$response.body#/effect_id"
+_SESSION = "$request.body#/session_id"
+_APPROVAL = "$response.body#/approval_id"
+_ENTRY = "$response.body#/undo_stack/0/entry_id"
+LINKS: dict[tuple[str, str, int], dict[str, tuple[tuple[str, str], str, str]]] = {
+    ("POST", "/mcp/tool_call", 200): {
+        "GetEffect": (("GET", "/effects/{id}"), "id", _EFFECT),
+        "CommitEffect": (("POST", "/effects/{id}/commit"), "id", _EFFECT),
+        "FailEffect": (("POST", "/effects/{id}/fail"), "id", _EFFECT),
+        "ResolveEffect": (("POST", "/effects/{id}/resolve"), "id", _EFFECT),
+        "GetSession": (("GET", "/sessions/{id}"), "id", _SESSION),
+        "RollbackSession": (("POST", "/sessions/{id}/rollback"), "id", _SESSION),
+        "CompleteSession": (("POST", "/sessions/{id}/complete"), "id", _SESSION),
+    },
+    ("POST", "/mcp/tool_call", 202): {
+        "GetApproval": (("GET", "/approvals/{id}"), "id", _APPROVAL),
+        "Approve": (("POST", "/approvals/{id}/approve"), "id", _APPROVAL),
+        "Reject": (("POST", "/approvals/{id}/reject"), "id", _APPROVAL),
+        "GetSession": (("GET", "/sessions/{id}"), "id", _SESSION),
+    },
+    ("POST", "/sessions/{id}/rollback", 200): {
+        "ClaimEntry": (("POST", "/undo/{entry}/claim"), "entry", _ENTRY),
+        "RetryEntry": (("POST", "/undo/{entry}/retry"), "entry", _ENTRY),
+        "ResolveEntry": (("POST", "/undo/{entry}/resolve"), "entry", _ENTRY),
+    },
+    ("POST", "/undo/{entry}/claim", 200): {
+        "CompleteEntry": (("POST", "/undo/{entry}/complete"), "entry", "$response.body#/entry_id"),
+        "FailEntry": (("POST", "/undo/{entry}/fail"), "entry", "$response.body#/entry_id"),
+    },
+}
+
+
 def _content(model: Any, many: bool, schemas: dict[str, Any]) -> dict[str, Any]:
     if model == "sse":
         return {"text/event-stream": {"schema": {"type": "string"}}}
@@ -250,6 +287,15 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                     # Inline (a copy of the component), for readers of the raw document.
                     "content": {"application/json": {"schema": dict(schemas[body.__name__])}},
                 }  # fmt: skip
+    ids = {
+        (m.upper(), p): op["operationId"] for p, i in doc["paths"].items() for m, op in i.items()
+    }
+    for (method, path, status), links in LINKS.items():
+        answer = doc["paths"][path][method.lower()]["responses"][str(status)]
+        answer["links"] = {
+            name: _link(ids[target], parameter, expression)
+            for name, (target, parameter, expression) in links.items()
+        }
     doc["paths"].update(_extra_paths(schemas))
     return doc
 
