@@ -20,6 +20,7 @@ from pydantic.json_schema import models_json_schema
 from undolog.proxy import schemas as s
 from undolog.proxy.edge import PUBLIC_PATHS
 from undolog.proxy.inputs import MAX_EVENT_ID
+from undolog.proxy.toolcall import COMMIT_HEADER
 from undolog_sdk.wire import ApprovalStatus
 
 __all__ = ["API_KEY_SCHEME", "build_openapi", "install_openapi"]
@@ -91,6 +92,11 @@ _OPTIONAL_BODY = frozenset(
 )
 
 _QUERY: dict[tuple[str, str], list[dict[str, Any]]] = {
+    ("POST", "/mcp/tool_call"): [
+        {"name": "X-UndoLog-Mode", "in": "header", "required": False,
+         "description": "who runs the tool; overrides the body's `mode`",
+         "schema": {"enum": ["proxy", "sdk"]}},
+    ],
     ("GET", "/approvals"): [
         {"name": "state", "in": "query", "required": False,
          "description": "the approvals' status (default `pending`)",
@@ -168,6 +174,18 @@ def _content(model: Any, many: bool, schemas: dict[str, Any]) -> dict[str, Any]:
     return {"application/json": {"schema": {"type": "array", "items": ref} if many else ref}}
 
 
+_REQUEST_ID = {
+    "description": "this request's id (the client's X-Request-Id if safe, else a new one)",
+    "schema": {"type": "string"},
+}
+# The tool call's own headers.
+_STEP_HEADER = {"description": "the call's step index", "schema": {"type": "string"}}
+_COMMIT_HEADER = {
+    "description": "`pending`: the result is held, its commit is still being written",
+    "schema": {"enum": ["pending"]},
+}
+
+
 def _responses(table: dict[int, Any], schemas: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for status, (model, many) in sorted(table.items()):
@@ -175,8 +193,10 @@ def _responses(table: dict[int, Any], schemas: dict[str, Any]) -> dict[str, Any]
         content = _content(model, many, schemas)
         if content:
             answer["content"] = content
-        if status in (429, 503):
-            answer["headers"] = {"Retry-After": {"schema": {"type": "string"}}}
+        headers: dict[str, Any] = {"X-Request-Id": _REQUEST_ID}
+        if status in (409, 429, 503):  # in_progress, rate_limited, a busy store
+            headers["Retry-After"] = {"description": "seconds", "schema": {"type": "string"}}
+        answer["headers"] = headers
         out[str(status)] = answer
     return out
 
@@ -296,6 +316,10 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             name: _link(ids[target], parameter, expression)
             for name, (target, parameter, expression) in links.items()
         }
+    call = doc["paths"]["/mcp/tool_call"]["post"]
+    for status in ("200", "202"):
+        call["responses"][status]["headers"]["X-UndoLog-Step-Index"] = _STEP_HEADER
+    call["responses"]["200"]["headers"][COMMIT_HEADER] = _COMMIT_HEADER
     doc["paths"].update(_extra_paths(schemas))
     return doc
 
