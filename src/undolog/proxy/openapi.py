@@ -317,8 +317,8 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             for name, (target, parameter, expression) in links.items()
         }
     call = doc["paths"]["/mcp/tool_call"]["post"]
-    for status in ("200", "202"):
-        call["responses"][status]["headers"]["X-UndoLog-Step-Index"] = _STEP_HEADER
+    for answered in ("200", "202"):
+        call["responses"][answered]["headers"]["X-UndoLog-Step-Index"] = _STEP_HEADER
     call["responses"]["200"]["headers"][COMMIT_HEADER] = _COMMIT_HEADER
     doc["paths"].update(_extra_paths(schemas))
     return doc
