@@ -195,3 +195,14 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(
     assert result["operations"]["tested"] == result["operations"]["selected"] >= 24
     assert cases["generated"] >= 2000
     assert result["exit_code"] == 0
+
+
+def test_a_mode_that_is_not_a_string_is_a_400_not_a_500(proxy: ProxyHarness) -> None:
+    """Found by schemathesis: a list or object `mode` was unhashable in the parser's check."""
+    body = {"session_id": "6f1c1f5e-0a7e-4c39-9d38-3e0b7f3a2b11", "tool_name": "read_record"}
+    with proxy.client() as client:
+        for mode in ({}, [], ["sdk"]):
+            answer = client.post("/mcp/tool_call", json={**body, "args": {}, "mode": mode})
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["code"] == "invalid_request"
+            assert answer.json()["message"] == "mode must be 'proxy' or 'sdk'"
