@@ -21,6 +21,7 @@ from undolog.proxy.edge import Edge, KeyResolver
 from undolog.proxy.errors import error_handler
 from undolog.proxy.events import router as events_router
 from undolog.proxy.metrics_listener import MetricsListener
+from undolog.proxy.openapi import install_openapi
 from undolog.proxy.overview import router as overview_router
 from undolog.proxy.ratelimit import FailureLimiter
 from undolog.proxy.ready import router as ready_router
@@ -119,7 +120,7 @@ def create_app(settings: Settings) -> Any:
         title="UndoLog proxy",
         version=undolog.__version__,
         lifespan=lifespan,
-        docs_url=None,
+        docs_url="/docs",  # Swagger UI; its page and /openapi.json are outside auth
         redoc_url=None,
     )
     api.add_api_route(
@@ -139,6 +140,7 @@ def create_app(settings: Settings) -> Any:
     api.state.ready_timeout_seconds = settings.ready_timeout_seconds
     api.include_router(ui_auth_router)
     mount_ui(api)
+    install_openapi(api)
 
     @api.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -66,7 +66,8 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-PUBLIC_PATHS = frozenset({"/openapi.json", "/ready"})
+# The API's description and Swagger UI (`/docs`) are public: they hold no data.
+PUBLIC_PATHS = frozenset({"/openapi.json", "/ready", "/docs", "/docs/oauth2-redirect"})
 PUBLIC_PREFIXES = ("/ui/",)  # the dashboard's static files; its data comes from the API
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 

@@ -70,7 +70,7 @@ def parse_tool_call(body: bytes) -> dict[str, Any]:
     if version is not None:
         storable(version, "tool_version")
     mode = data.get("mode", ExecutionMode.PROXY)
-    if mode not in MODES:
+    if not isinstance(mode, str) or mode not in MODES:  # a list or object: 400, not a 500
         raise InvalidRequest("mode must be 'proxy' or 'sdk'")
     return data
 

@@ -1,0 +1,326 @@
+"""Pydantic models of what the proxy's routes take and send, for the OpenAPI document only.
+
+The routes build their bodies by hand (`wire.py`, orjson) and parse requests by hand; these
+models describe those bodies, they never run on a request. `openapi.py` attaches them to the
+routes. Fields a route may leave empty are nullable; JSON values a client chose (args,
+results) are `Any`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+__all__ = [
+    "Approval",
+    "CommitBody",
+    "Compensation",
+    "DecisionBody",
+    "DecisionResult",
+    "Effect",
+    "ErrorBody",
+    "FailBody",
+    "Health",
+    "NoteBody",
+    "Overview",
+    "Ready",
+    "ResolveBody",
+    "Rollback",
+    "Session",
+    "SessionClosed",
+    "SessionView",
+    "Tool",
+    "ToolBody",
+    "ToolCallAnswer",
+    "ToolCallBody",
+    "ToolCallPending",
+    "UndoClaim",
+    "UndoEntry",
+    "UndoFailBody",
+    "UndoReportBody",
+]
+
+# Text every store can hold: no NUL (PostgreSQL TEXT refuses it; see `inputs.py`).
+STORABLE = r"^[^\x00]*$"
+UUID = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+_JSON_REF = {"$ref": "#/components/schemas/JsonValue"}
+# Where a model's field is a `JsonValue`; `openapi.py` turns the mark into `_JSON_REF` (pydantic
+# itself cannot point a field at a schema it does not generate).
+JSON_MARK = "x-undolog-json-value"
+# A JSON value the canonical form can hold (`undolog_sdk.signature.canonical_json`): any JSON,
+# with every integer in [-2**63, 2**64 - 1]. Put in the document's components by `openapi.py`.
+JSON_VALUE_SCHEMA: dict[str, Any] = {
+    "description": "any JSON value; integers from -2**63 to 2**64 - 1",
+    "anyOf": [
+        {"type": "null"},
+        {"type": "boolean"},
+        {"type": "string"},
+        {"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1},
+        {"type": "number", "not": {"type": "integer"}},
+        {"type": "array", "items": _JSON_REF},
+        {"type": "object", "additionalProperties": _JSON_REF},
+    ],
+}
+JsonValue = Annotated[Any, WithJsonSchema({JSON_MARK: True})]
+JsonObject = Annotated[
+    dict[str, Any], WithJsonSchema({"type": "object", "additionalProperties": {JSON_MARK: True}})
+]
+# A tool's name becomes a path segment upstream (`undolog.upstreams.check_tool_name`).
+TOOL_NAME = r"^(?!\.+$)[A-Za-z0-9_.:-]{1,128}$"
+
+
+class ErrorBody(BaseModel):
+    """Every error answer (error-codes reference); some codes add fields of their own."""
+
+    model_config = ConfigDict(extra="allow")
+    request_id: str
+    code: str = Field(description="a code of the error-codes reference")
+    message: str
+    timestamp: str = Field(description="RFC 3339, UTC")
+    retry_after: int | None = Field(None, description="seconds; also the Retry-After header")
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    service: str
+
+
+class Ready(BaseModel):
+    status: Literal["ok"]
+    service: str
+    store: Literal["ok"]
+
+
+class Tool(BaseModel):
+    name: str
+    tier: str
+    version: str
+    compensation: dict[str, Any] | None
+    idempotent_upstream: bool
+    upstream: str | None = Field(description="a configured upstream; null: `default`")
+    updated_at: str | None
+
+
+# `args` of a compensation: an object, or a value taken as `{}` (null, false, 0, "", []).
+_FALSY_OR_OBJECT = {
+    "anyOf": [
+        {"type": "object", "additionalProperties": {JSON_MARK: True}},
+        {"enum": [None, False, 0, ""]},
+        {"type": "array", "maxItems": 0},
+    ]
+}
+
+
+class Compensation(BaseModel):
+    """The compensation of a COMPENSABLE tool (`undolog_sdk.tier.CompensationDescriptor`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    fn_name: str = Field(min_length=1, pattern=STORABLE)
+    fn_version: str = Field("1.0.0", pattern=STORABLE)
+    args: Annotated[Any, WithJsonSchema(_FALSY_OR_OBJECT)] = None
+    max_retries: int = Field(3, ge=0, le=1000)
+    retry_backoff_ms: int = Field(1000, ge=0, le=3_600_000)
+    idempotent: bool = False
+
+
+# A COMPENSABLE tool must come with its compensation (otherwise 400).
+_COMPENSABLE_NEEDS_ONE: dict[str, Any] = {
+    "if": {"properties": {"tier": {"const": "compensable"}}, "required": ["tier"]},
+    "then": {
+        "required": ["compensation"],
+        "properties": {"compensation": {"$ref": "#/components/schemas/Compensation"}},
+    },
+}
+
+
+class ToolBody(BaseModel):
+    """`compensation` is required for (and checked only on) a `compensable` tool."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_COMPENSABLE_NEEDS_ONE)
+    tier: Literal["safe", "compensable", "irreversible"]
+    version: str = Field("1.0.0", pattern=STORABLE)
+    compensation: dict[str, Any] | None = None
+    idempotent_upstream: bool = False
+    upstream: str | None = Field(
+        None, description="the name of a configured upstream open to the caller's org"
+    )
+
+
+class Effect(BaseModel):
+    effect_id: str
+    session_id: str
+    step_index: int
+    tool_name: str
+    tool_version: str | None
+    tier: str
+    state: str
+    mode: str
+    attempts: int
+    call_signature: str
+    args: Any
+    result: Any
+    error: str | None
+    replay_count: int
+    created_at: str | None
+    executed_at: str | None
+    finished_at: str | None
+    lease_expires_at: str | None
+
+
+class CommitBody(BaseModel):
+    """The result of an SDK-executed call (any JSON value the canonical form can hold)."""
+
+    result: JsonValue
+
+
+class FailBody(BaseModel):
+    error: str
+
+
+class ResolveBody(BaseModel):
+    outcome: Literal["committed", "failed"]
+    result: JsonValue = None
+    error: str | None = Field(None, pattern=STORABLE)
+
+
+class Session(BaseModel):
+    session_id: str
+    state: str
+    last_step: int
+    created_at: str | None
+    updated_at: str | None
+
+
+class UndoEntry(BaseModel):
+    entry_id: str
+    seq: int
+    effect_id: str
+    fn_name: str
+    fn_version: str
+    args: Any
+    max_retries: int
+    retry_backoff_ms: int
+    state: str
+    attempts: int
+    last_error: str | None
+    registered_at: str | None
+
+
+class UndoClaim(UndoEntry):
+    payload: Any
+    attempts_left: int
+    claim_token: str
+
+
+class UndoReportBody(BaseModel):
+    claim_token: str = Field(min_length=1, description="from POST /undo/{entry}/claim")
+
+
+class UndoFailBody(UndoReportBody):
+    error: str
+
+
+class NoteBody(BaseModel):
+    note: str = Field(pattern=STORABLE)
+
+
+class Approval(BaseModel):
+    id: str
+    org_id: str
+    session_id: str
+    effect_id: str
+    tool_name: str
+    arguments: Any = Field(description="the call's arguments")
+    args: list[int] = Field(description="the arguments' raw JSON, as bytes (the reference)")
+    status: str
+    created_at: str | None
+    timeout_at: str | None
+    decided_at: str | None
+    decided_by: str | None
+    reason: str | None
+
+
+class SessionView(Session):
+    effects: list[Effect]
+    undo_stack: list[UndoEntry]
+    approvals: list[dict[str, Any]]
+
+
+class SessionClosed(BaseModel):
+    session_id: str
+    state: str
+
+
+class UnsettledEffect(BaseModel):
+    effect_id: str
+    tool_name: str
+    state: str
+
+
+class Rollback(BaseModel):
+    """The rollback's answer; a 409/502 carries the same fields inside the error body."""
+
+    session_id: str
+    state: str
+    undo_stack: list[UndoEntry]
+    next_entry: UndoEntry | None
+    in_doubt_effects: list[UnsettledEffect]
+    outcome: str
+    code: str | None = Field(None, description="`empty_undo_stack` when nothing was to undo")
+    message: str | None = None
+
+
+class DecisionBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str | None = None
+
+
+class DecisionResult(BaseModel):
+    status: str
+    approval_id: str
+    effect_id: str
+    execution: (
+        Literal["awaiting_agent", "in_doubt", "failed", "commit_pending", "committed"] | None
+    ) = Field(None, description="approve only: what became of the approved call")
+    result: Any = None
+    error: str | None = None
+
+
+class ToolCallBody(BaseModel):
+    session_id: str = Field(pattern=UUID, json_schema_extra={"format": "uuid"})
+    tool_name: str = Field(min_length=1, pattern=STORABLE)
+    tool_version: str | None = Field(None, pattern=STORABLE)
+    step_index: int | None = Field(None, ge=0, le=4294967295)
+    args: JsonObject
+    mode: Literal["proxy", "sdk"] = "proxy"
+
+
+class ToolCallAnswer(BaseModel):
+    """`executed`/`replayed` carry the result; `execute` tells the SDK to run the tool."""
+
+    status: Literal["executed", "replayed", "execute"]
+    effect_id: str
+    result: Any = None
+    step_index: int | None = None
+    attempt: int | None = None
+
+
+class ToolCallPending(BaseModel):
+    status: Literal["pending_approval"]
+    approval_id: str | None
+    effect_id: str
+    retry_after: int
+
+
+class Overview(BaseModel):
+    calls: int
+    replays: int
+    pending_approvals: int
+    sessions: int
+    sessions_compensating: int
+    sessions_needing_attention: int
+    effects_in_doubt: int
+    effects_by_state: dict[str, int]
+    sessions_by_state: dict[str, int]
+    approvals_by_status: dict[str, int]

@@ -1,0 +1,98 @@
+"""The schemathesis run's documented exceptions (`test_openapi.py`), as a `filter_failure` hook.
+
+Each entry drops one kind of failure only, matched on the operation, the failure code and
+what the proxy answered; anything else fails the run. Why each is not a bug of the document:
+
+1. ST202 (a schema-valid request rejected) for an integral float such as `293.0` in an
+   integer field (`step_index`, a compensation's `max_retries`/`retry_backoff_ms`). JSON
+   Schema counts `293.0` as an integer and no schema can say otherwise; the proxy takes
+   integer literals only (a float step would sign differently from the SDK's integer one),
+   and answers 400 `invalid_request` naming the field.
+2. ST202 for `PUT /tools/{name}` with an `upstream` the caller's org may not use: which names
+   are usable depends on the key's org (`[[upstreams]]`), and the public document must not
+   list other orgs' tool servers. The answer is 400 naming the caller's usable upstreams.
+3. ST204 (an undeclared method not answered 405) on `/health`: the edge answers the liveness
+   probe to any method before routing (a load balancer's probe method varies); the document
+   lists GET.
+4. ST101 (any 5xx counts as a server error) for a documented 502 from `POST /mcp/tool_call`
+   with a tool-server code (`tool_error`, `intercept_failed`, `commit_failed`): the test's
+   demo tool server has a tool (`broken`) that fails on purpose, and a 502 naming the
+   upstream's failure is the reference's answer for it, not a fault of the proxy.
+5. ST202 for a step-less tool call in a session whose last step is already 2**32 - 1 (the
+   stateful phase reaches it): 400 "session has no step indexes left" depends on the
+   session's earlier calls, which no request schema can express.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import schemathesis
+
+EXCUSED_LOG = "UNDOLOG_SCHEMATHESIS_EXCUSED"  # a file to note each excused failure in
+
+UPSTREAM_CODES = frozenset({"tool_error", "intercept_failed", "commit_failed"})
+INTEGER_FIELDS = frozenset({"step_index", "max_retries", "retry_backoff_ms"})
+
+
+def _integral_floats(body: Any) -> bool:
+    """Whether an integer field of `body` (or of its `compensation`) is a float like 1.0."""
+    if not isinstance(body, dict):
+        return False
+    for key, value in body.items():
+        if key in INTEGER_FIELDS and isinstance(value, float) and value.is_integer():
+            return True
+        if key == "compensation" and _integral_floats(value):
+            return True
+    return False
+
+
+def _field(response: Any, name: str) -> str:
+    try:
+        data = response.json()
+    except Exception:
+        return ""
+    return str(data.get(name, "")) if isinstance(data, dict) else ""
+
+
+def _message(response: Any) -> str:
+    return _field(response, "message")
+
+
+def _code(response: Any) -> str:
+    return _field(response, "code")
+
+
+def excused(code: str, operation: str, case: Any, response: Any) -> str | None:
+    """Which exception (1-5) covers this failure, or None."""
+    message = _message(response)
+    if code == "ST202" and response.status_code == 400:
+        if _integral_floats(case.body) and ("integer" in message or "whole number" in message):
+            return "1: integral float in an integer field"
+        if operation == "PUT /tools/{name}" and message.startswith(
+            "upstream must name a configured upstream"
+        ):
+            return "2: upstream not open to this org"
+        if message == "session has no step indexes left":
+            return "5: the session's step indexes are used up"
+    if code == "ST204" and case.path == "/health":
+        return "3: /health answers every method"
+    if (
+        code == "ST101"
+        and operation == "POST /mcp/tool_call"
+        and response.status_code == 502
+        and _code(response) in UPSTREAM_CODES
+    ):
+        return "4: the demo tool server's failure, answered 502"
+    return None
+
+
+@schemathesis.hook
+def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool:
+    reason = excused(failure.code, str(failure.operation), case, response)
+    log = os.environ.get(EXCUSED_LOG)
+    if reason is not None and log:  # one line per excused failure, for the test's numbers
+        with open(log, "a", encoding="utf-8") as out:
+            out.write(f"{reason}\n")
+    return reason is None
