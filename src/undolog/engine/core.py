@@ -11,6 +11,7 @@ them to the wire.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -81,6 +82,16 @@ _REPLAYABLE = tuple(sorted(state.value for state in REPLAYABLE_STATES))
 _APPROVAL_STATES = frozenset(
     {EffectState.AWAITING_APPROVAL, EffectState.REJECTED, EffectState.TIMED_OUT}
 )
+
+
+@functools.lru_cache(maxsize=1024)
+def _compensation(compensation_json: str) -> tuple[str, str, str, int, int]:
+    """A registered compensation as an undo entry spells it (name, version, canonical args,
+    retries, backoff): parsed once per registration, not on every call that may push it."""
+    descriptor = CompensationDescriptor.from_dict(orjson.loads(compensation_json))
+    args_json = canonical_json(descriptor.args)
+    return (descriptor.fn_name, descriptor.fn_version, args_json, descriptor.max_retries,
+            descriptor.retry_backoff_ms)  # fmt: skip
 
 
 class Engine(Effects):
@@ -453,18 +464,18 @@ class Engine(Effects):
     def _undo_entry(
         self, effect: EffectRecord, compensation_json: str, registered_us: int
     ) -> UndoEntryRecord:
-        descriptor = CompensationDescriptor.from_dict(orjson.loads(compensation_json))
+        fn_name, fn_version, args_json, max_retries, backoff_ms = _compensation(compensation_json)
         return UndoEntryRecord(
             seq=0,
             entry_id=str(uuid.uuid4()),
             org_id=effect.org_id,
             session_id=effect.session_id,
             effect_id=effect.effect_id,
-            fn_name=descriptor.fn_name,
-            fn_version=descriptor.fn_version,
-            args_json=canonical_json(descriptor.args),
-            max_retries=descriptor.max_retries,
-            retry_backoff_ms=descriptor.retry_backoff_ms,
+            fn_name=fn_name,
+            fn_version=fn_version,
+            args_json=args_json,
+            max_retries=max_retries,
+            retry_backoff_ms=backoff_ms,
             registered_us=registered_us,
             state=UndoState.PENDING,
             attempts=0,
