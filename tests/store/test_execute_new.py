@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.store.test_contract import make_effect, make_undo
+from tests.store.contract_helpers import make_effect, make_undo
 from undolog.store import Store
 
 REPLAY = (("committed",), "effect_replayed", '{"stage":"replayed"}')

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from tests.store import test_migration_upstream as migration
-from tests.store.test_contract import NOW, make_effect, make_undo
+from tests.store.contract_helpers import NOW, make_effect, make_undo
 from tests.store.test_migration_upstream import _migrate_to, _sql
 from undolog.store import Store, open_store
 

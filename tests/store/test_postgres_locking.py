@@ -13,7 +13,7 @@ from contextlib import AsyncExitStack
 
 import pytest
 
-from tests.store.test_contract import make_effect, make_undo
+from tests.store.contract_helpers import make_effect, make_undo
 from undolog.engine import Decision, Engine, Outcome
 from undolog.store import Store
 from undolog.store.postgres import PostgresStore, advisory_key
