@@ -20,7 +20,6 @@ import subprocess
 import sys
 import uuid
 import warnings
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -36,7 +35,6 @@ from tests.integrations.langgraph_helpers import (
     thread,
     tool_messages,
 )
-from tests.proxy import conftest as proxy_fixtures
 from tests.proxy.conftest import ProxyHarness
 from tests.sdk.helpers import session_view
 from tests.support.servers import await_until
@@ -48,19 +46,6 @@ from undolog_sdk.integrations.langgraph import (
     langgraph_tool,
     langgraph_tools,
 )
-
-demo_upstream = proxy_fixtures.demo_upstream
-proxy_factory = proxy_fixtures.proxy_factory
-proxy = proxy_fixtures.proxy
-
-
-@pytest.fixture
-async def client(proxy: ProxyHarness) -> AsyncIterator[UndoLogClient]:
-    sdk_client = UndoLogClient(proxy.url, api_key=proxy.api_key)
-    try:
-        yield sdk_client
-    finally:
-        await sdk_client.aclose()
 
 
 def make_tools(client: UndoLogClient, ran: list[str], undo: str = "unbook") -> list[Any]:

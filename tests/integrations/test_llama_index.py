@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -21,7 +21,7 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallB
 from llama_index.core.llms.mock import MockFunctionCallingLLM
 from llama_index.core.tools import FunctionTool
 
-from tests.proxy import conftest as proxy_fixtures
+from tests.integrations.conftest import approve
 from tests.proxy.conftest import ProxyHarness
 from tests.sdk.helpers import session_view
 from undolog_sdk import (
@@ -39,10 +39,6 @@ from undolog_sdk.integrations.llama_index import (
     undolog_llama_tools,
 )
 
-demo_upstream = proxy_fixtures.demo_upstream
-proxy_factory = proxy_fixtures.proxy_factory
-proxy = proxy_fixtures.proxy
-
 # llama_index's workflows list an agent's steps with `inspect.getmembers`, which touches
 # pydantic's deprecated instance attributes (`__fields__`, `model_computed_fields`...): pydantic
 # deprecation warnings, errors under our filterwarnings.
@@ -56,15 +52,6 @@ unbooked: list[str] = []
 @compensation("llama_unbook_seat")
 async def unbook_seat(*, original_args: dict[str, Any], **_: Any) -> None:
     unbooked.append(original_args["seat"])
-
-
-@pytest.fixture
-async def client(proxy: ProxyHarness) -> AsyncIterator[UndoLogClient]:
-    sdk_client = UndoLogClient(proxy.url, api_key=proxy.api_key)
-    try:
-        yield sdk_client
-    finally:
-        await sdk_client.aclose()
 
 
 Step = ChatMessage | str | Exception
@@ -169,12 +156,6 @@ async def run_agent(
                 seen.results[event.tool_id] = output.raw_output
     seen.output = await handler
     return seen
-
-
-def approve(proxy: ProxyHarness, approval_id: str, verb: str = "approve") -> None:
-    with proxy.client(proxy.approver_key) as c:
-        decided = c.post(f"/approvals/{approval_id}/{verb}", json={})
-    assert decided.status_code == 200, decided.text
 
 
 async def test_an_irreversible_call_is_an_input_required_event_and_runs_once_approved(

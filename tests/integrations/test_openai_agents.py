@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -18,7 +18,7 @@ pytest.importorskip("agents")
 from agents import Agent, FunctionTool, RunConfig, Runner, UserError
 from agents.testing import ScriptedModel, assistant_message, function_call
 
-from tests.proxy import conftest as proxy_fixtures
+from tests.integrations.conftest import approve
 from tests.proxy.conftest import ProxyHarness
 from tests.sdk.helpers import session_view
 from undolog_sdk import (
@@ -39,10 +39,6 @@ from undolog_sdk.integrations.openai_agents import (
     undolog_function_tools,
 )
 
-demo_upstream = proxy_fixtures.demo_upstream
-proxy_factory = proxy_fixtures.proxy_factory
-proxy = proxy_fixtures.proxy
-
 NO_TRACING = RunConfig(tracing_disabled=True)
 NOWHERE = "http://127.0.0.1:9"  # a proxy that is not there
 UNBOOK = CompensationDescriptor.new("agents_unbook_seat")
@@ -52,15 +48,6 @@ unbooked: list[str] = []
 @compensation("agents_unbook_seat")
 async def unbook_seat(*, original_args: dict[str, Any], **_: Any) -> None:
     unbooked.append(original_args["seat"])
-
-
-@pytest.fixture
-async def client(proxy: ProxyHarness) -> AsyncIterator[UndoLogClient]:
-    sdk_client = UndoLogClient(proxy.url, api_key=proxy.api_key)
-    try:
-        yield sdk_client
-    finally:
-        await sdk_client.aclose()
 
 
 class Tools:
@@ -116,12 +103,6 @@ def tool_outputs(model: ScriptedModel) -> list[str]:
     assert call is not None
     items = call.input if isinstance(call.input, list) else []
     return [str(i["output"]) for i in items if i.get("type") == "function_call_output"]
-
-
-def approve(proxy: ProxyHarness, approval_id: str, verb: str = "approve") -> None:
-    with proxy.client(proxy.approver_key) as c:
-        decided = c.post(f"/approvals/{approval_id}/{verb}", json={})
-    assert decided.status_code == 200, decided.text
 
 
 async def test_an_irreversible_call_is_the_sdks_approval_interruption_and_runs_once_approved(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -27,7 +26,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import ToolApproved
 
-from tests.proxy import conftest as proxy_fixtures
+from tests.integrations.conftest import approve
 from tests.proxy.conftest import ProxyHarness
 from tests.sdk.helpers import session_view
 from undolog_sdk import (
@@ -46,10 +45,6 @@ from undolog_sdk.integrations.pydantic_ai import (
     undolog_pydantic_tools,
 )
 
-demo_upstream = proxy_fixtures.demo_upstream
-proxy_factory = proxy_fixtures.proxy_factory
-proxy = proxy_fixtures.proxy
-
 NOWHERE = "http://127.0.0.1:9"  # a proxy that is not there
 UNBOOK = CompensationDescriptor.new("pydantic_unbook_seat")
 unbooked: list[str] = []
@@ -58,15 +53,6 @@ unbooked: list[str] = []
 @compensation("pydantic_unbook_seat")
 async def unbook_seat(*, original_args: dict[str, Any], **_: Any) -> None:
     unbooked.append(original_args["seat"])
-
-
-@pytest.fixture
-async def client(proxy: ProxyHarness) -> AsyncIterator[UndoLogClient]:
-    sdk_client = UndoLogClient(proxy.url, api_key=proxy.api_key)
-    try:
-        yield sdk_client
-    finally:
-        await sdk_client.aclose()
 
 
 def scripted(steps: list[ModelResponse | str]) -> FunctionModel:
@@ -136,12 +122,6 @@ def returns(messages: list[ModelMessage]) -> dict[str, Any]:
         for part in getattr(m, "parts", [])
         if isinstance(part, ToolReturnPart)
     }
-
-
-def approve(proxy: ProxyHarness, approval_id: str, verb: str = "approve") -> None:
-    with proxy.client(proxy.approver_key) as c:
-        decided = c.post(f"/approvals/{approval_id}/{verb}", json={})
-    assert decided.status_code == 200, decided.text
 
 
 async def test_an_irreversible_call_is_a_deferred_approval_and_runs_once_approved(

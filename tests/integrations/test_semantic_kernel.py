@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 import pytest
@@ -28,7 +27,7 @@ from semantic_kernel.contents import (
     FunctionResultContent,
 )
 
-from tests.proxy import conftest as proxy_fixtures
+from tests.integrations.conftest import approve
 from tests.proxy.conftest import ProxyHarness
 from tests.sdk.helpers import session_view
 from undolog_sdk import (
@@ -47,10 +46,6 @@ from undolog_sdk.integrations.semantic_kernel import (
     undolog_kernel_plugin,
 )
 
-demo_upstream = proxy_fixtures.demo_upstream
-proxy_factory = proxy_fixtures.proxy_factory
-proxy = proxy_fixtures.proxy
-
 NOWHERE = "http://127.0.0.1:9"  # a proxy that is not there
 UNBOOK = CompensationDescriptor.new("sk_unbook_seat")
 unbooked: list[str] = []
@@ -59,15 +54,6 @@ unbooked: list[str] = []
 @compensation("sk_unbook_seat")
 async def unbook_seat(*, original_args: dict[str, Any], **_: Any) -> None:
     unbooked.append(original_args["seat"])
-
-
-@pytest.fixture
-async def client(proxy: ProxyHarness) -> AsyncIterator[UndoLogClient]:
-    sdk_client = UndoLogClient(proxy.url, api_key=proxy.api_key)
-    try:
-        yield sdk_client
-    finally:
-        await sdk_client.aclose()
 
 
 Step = tuple[str, dict[str, Any], str] | str | Exception
@@ -155,12 +141,6 @@ def results(history: ChatHistory) -> dict[str, Any]:
         for item in m.items
         if isinstance(item, FunctionResultContent)
     }
-
-
-def approve(proxy: ProxyHarness, approval_id: str, verb: str = "approve") -> None:
-    with proxy.client(proxy.approver_key) as c:
-        decided = c.post(f"/approvals/{approval_id}/{verb}", json={})
-    assert decided.status_code == 200, decided.text
 
 
 async def test_an_irreversible_call_ends_the_chat_call_and_runs_once_approved(
