@@ -111,6 +111,12 @@ def serve(
     lease_sweep_seconds: float = typer.Option(
         None, help="How often executing calls whose lease expired are moved to in_doubt"
     ),
+    retention_sweep_seconds: float = typer.Option(
+        None, help="How often finished sessions past their org's retention_days are pruned"
+    ),
+    retention_batch_size: int = typer.Option(
+        None, help="Sessions pruned per transaction by the retention sweep (default 200)"
+    ),
     spool_dir: str = typer.Option(
         None, help="Where results that could not be committed are kept (env UNDOLOG_SPOOL_DIR)"
     ),

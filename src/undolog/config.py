@@ -52,6 +52,9 @@ DEFAULT_KEEP_ALIVE_TIMEOUT_SECONDS = 5.0  # idle time between requests on one co
 DEFAULT_MAX_CONNECTIONS = 4096  # open at once; above: a canned 503 and close
 DEFAULT_READY_TIMEOUT_SECONDS = 2.0  # for the store to answer `/ready`'s query
 DEFAULT_LEASE_SWEEP_SECONDS = 2.0
+# The retention sweep (docs/retention.md): how often, and how many sessions per transaction.
+DEFAULT_RETENTION_SWEEP_SECONDS = 600.0
+DEFAULT_RETENTION_BATCH_SIZE = 200
 DEFAULT_SPOOL_DIR = "./undolog-spool"
 DEFAULT_AUTH_FAILURE_LIMIT = 10
 DEFAULT_AUTH_FAILURE_WINDOW_SECONDS = 60.0
@@ -86,6 +89,8 @@ class OrgConfig:
     keys: tuple[KeyConfig, ...] = ()
     approval_timeout_seconds: int = DEFAULT_APPROVAL_TIMEOUT_SECONDS
     auto_approve_on_timeout: bool = False
+    # Days a finished session is kept before pruning (docs/retention.md); None: forever.
+    retention_days: int | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,8 @@ class Settings:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     ready_timeout_seconds: float = DEFAULT_READY_TIMEOUT_SECONDS
     lease_sweep_seconds: float = DEFAULT_LEASE_SWEEP_SECONDS
+    retention_sweep_seconds: float = DEFAULT_RETENTION_SWEEP_SECONDS
+    retention_batch_size: int = DEFAULT_RETENTION_BATCH_SIZE
     spool_dir: str = DEFAULT_SPOOL_DIR  # held results that could not be committed, for operators
     log_level: str = "info"
     ui_secret: str | None = None  # signs dashboard session cookies; None: random per process
@@ -176,6 +183,8 @@ _POSITIVE_FIELDS = (
     "keep_alive_timeout_seconds",
     "max_connections",
     "ready_timeout_seconds",
+    "retention_sweep_seconds",
+    "retention_batch_size",
 )
 
 _TOP_LEVEL_KEYS = frozenset({"server", "orgs", "tools", "upstreams", "mcp"})
@@ -188,6 +197,7 @@ _ORG_KEYS = frozenset(
         "keys",
         "approval_timeout_seconds",
         "auto_approve_on_timeout",
+        "retention_days",
     }
 )
 _TOOL_KEYS = frozenset(
@@ -289,6 +299,16 @@ def _named_keys(where: str, item: Mapping[str, Any]) -> tuple[KeyConfig, ...]:
     return tuple(keys)
 
 
+def _retention_days(where: str, item: Mapping[str, Any]) -> int | None:
+    """`retention_days`: absent means keep forever; otherwise a whole number of days >= 1."""
+    days = item.get("retention_days")
+    if days is None:
+        return None
+    if _typed(where, days, int) < 1:
+        raise ValueError(f"{where}: expected a number of days >= 1, got {days}")
+    return int(days)
+
+
 def _orgs_from_toml(data: Mapping[str, Any]) -> tuple[OrgConfig, ...]:
     orgs = []
     for n, item in enumerate(_tables(data, "orgs")):
@@ -311,6 +331,7 @@ def _orgs_from_toml(data: Mapping[str, Any]) -> tuple[OrgConfig, ...]:
                     item.get("auto_approve_on_timeout", False),
                     bool,
                 ),
+                retention_days=_retention_days(f"{where}.retention_days", item),
             )
         )
     seen: set[str] = set()

@@ -57,7 +57,7 @@ def test_a_record_round_trips_through_its_row(record: type) -> None:
 
 
 def test_boolean_columns_come_back_as_bools_from_sqlite_integers() -> None:
-    org = columns(OrgRecord).row(("o", "name", 60, 1, 5))
+    org = columns(OrgRecord).row(("o", "name", 60, 1, 5, None))
     assert org.auto_approve_on_timeout is True
     tool = columns(ToolRecord).row(("o", "t", "safe", "1", None, 0, None, 5))
     assert tool.idempotent_upstream is False

@@ -50,13 +50,19 @@ class Registry:
         approval_timeout_s: int = DEFAULT_APPROVAL_TIMEOUT_S,
         auto_approve_on_timeout: bool = False,
         api_key_hashes: tuple[str, ...] = (),
+        retention_days: int | None = None,
     ) -> None:
         """Create or update an org and add API keys (given as SHA-256 hex) to it, as
         config-sourced `agent` keys (the proxy's start-up uses `Keys.sync_config`)."""
         now = self._clock()
         async with self.store.transaction() as q:
             await q.upsert_org(
-                org_id, name or org_id, approval_timeout_s, auto_approve_on_timeout, now
+                org_id,
+                name or org_id,
+                approval_timeout_s,
+                auto_approve_on_timeout,
+                now,
+                retention_days,
             )
             for key_hash in api_key_hashes:
                 await q.put_api_key(

@@ -121,6 +121,7 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
                 name=org.name,
                 approval_timeout_s=org.approval_timeout_seconds,
                 auto_approve_on_timeout=org.auto_approve_on_timeout,
+                retention_days=org.retention_days,
             )
         keys = Keys(store)
         # The config is the source of truth for its keys: listed ones are stored (moved to

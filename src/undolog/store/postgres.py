@@ -73,6 +73,7 @@ _NEW_UNDO_COLUMNS = (
 
 class _PostgresQueries(SqlQueries):
     _SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
+    _SKIP_LOCKED_SESSIONS = " FOR UPDATE OF s SKIP LOCKED"
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self._conn = conn

@@ -40,8 +40,15 @@ class Queries(Protocol):
     events_written: bool
 
     async def upsert_org(
-        self, org_id: str, name: str, approval_timeout_s: int, auto_approve: bool, now_us: int
-    ) -> None: ...
+        self,
+        org_id: str,
+        name: str,
+        approval_timeout_s: int,
+        auto_approve: bool,
+        now_us: int,
+        retention_days: int | None = None,
+    ) -> None:
+        """Create or update an org's policy (`retention_days` None: keep forever)."""
 
     async def get_org(self, org_id: str) -> OrgRecord | None: ...
 
@@ -303,6 +310,53 @@ class Queries(Protocol):
         session_id: str | None = None,
     ) -> list[EventRecord]:
         """Events of an org with an id above `after_id`, oldest first."""
+
+    # -- retention (docs/retention.md): every statement bounded, for short transactions --
+
+    async def orgs_with_retention(self) -> list[tuple[str, int]]:
+        """(org id, retention days) of every org that does not keep everything."""
+
+    async def prunable_sessions(
+        self,
+        org_id: str,
+        cutoff_us: int,
+        after: tuple[int, str],
+        limit: int,
+        *,
+        done: Sequence[str],
+        unwound_only: Sequence[str],
+        busy_effects: Sequence[str],
+        busy_undo: Sequence[str],
+        unwind_undo: Sequence[str],
+        open_approvals: Sequence[str],
+    ) -> list[tuple[str, int]]:
+        """Up to `limit` (session id, updated_us) of sessions that may be pruned, oldest
+        first, after the (updated_us, session_id) cursor `after`.
+
+        Last updated before `cutoff_us`; in a `done` state, or in an `unwound_only` one
+        with no undo entry in `unwind_undo`; no effect in `busy_effects` or updated since
+        the cutoff, no undo entry in `busy_undo`, no approval in `open_approvals`. Inside a
+        transaction on PostgreSQL the rows stay locked (`FOR UPDATE SKIP LOCKED`).
+        """
+
+    async def count_session_rows(self, org_id: str, session_ids: Sequence[str]) -> dict[str, int]:
+        """Rows per table (sessions, effects, undo_entries, approvals) of these sessions."""
+
+    async def delete_sessions(self, org_id: str, session_ids: Sequence[str]) -> dict[str, int]:
+        """Delete these sessions and their effects, undo entries and approvals (not their
+        events); the rows deleted per table."""
+
+    async def event_chunk(
+        self, org_id: str, after_id: int, limit: int
+    ) -> list[tuple[int, int, str | None]]:
+        """The org's next `limit` (event id, created_us, session id) above `after_id`."""
+
+    async def existing_sessions(self, org_id: str, session_ids: Sequence[str]) -> set[str]:
+        """Which of these sessions the org still has."""
+
+    async def delete_events(self, org_id: str, event_ids: Sequence[int], cutoff_us: int) -> int:
+        """Delete those of these events older than `cutoff_us` whose session is gone (or
+        that have none); how many went."""
 
 
 class Store(Protocol):

@@ -31,6 +31,8 @@ class OrgRecord:
     approval_timeout_s: int
     auto_approve_on_timeout: bool
     created_us: int
+    # Days a finished session is kept (docs/retention.md); None: kept forever.
+    retention_days: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,18 +34,26 @@ class AccountSql(abc.ABC):
     # -- orgs and keys -----------------------------------------------------------------------
 
     async def upsert_org(
-        self, org_id: str, name: str, approval_timeout_s: int, auto_approve: bool, now_us: int
+        self,
+        org_id: str,
+        name: str,
+        approval_timeout_s: int,
+        auto_approve: bool,
+        now_us: int,
+        retention_days: int | None = None,
     ) -> None:
         await self._execute(
             "INSERT INTO orgs (org_id, name, approval_timeout_s, auto_approve_on_timeout, "
-            "created_us) VALUES (?, ?, ?, ?, ?) ON CONFLICT (org_id) DO UPDATE SET "
-            "name = excluded.name, approval_timeout_s = excluded.approval_timeout_s, "
-            "auto_approve_on_timeout = excluded.auto_approve_on_timeout",
+            "created_us, retention_days) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (org_id) DO "
+            "UPDATE SET name = excluded.name, approval_timeout_s = excluded.approval_timeout_s, "
+            "auto_approve_on_timeout = excluded.auto_approve_on_timeout, "
+            "retention_days = excluded.retention_days",
             org_id,
             name,
             approval_timeout_s,
             auto_approve,
             now_us,
+            retention_days,
         )
 
     async def get_org(self, org_id: str) -> OrgRecord | None:

@@ -1,0 +1,239 @@
+"""Retention (`undolog.engine.retention`) over both stores: what is pruned, what never is.
+
+Rows are written through the store as the engine would leave them, at chosen times; the
+pruner's clock is injected (`clock_us=`), so "older than the retention" is a matter of
+arithmetic, never of waiting. Each test has its own org and passes it to `prune`, so tests
+sharing the PostgreSQL database never prune each other's rows.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from tests.store.contract_helpers import NOW, make_approval, make_effect, make_undo
+from undolog.engine.retention import DAY_US, PruneCounts, Retention
+from undolog.store import Store
+
+RETENTION_DAYS = 30
+LATER = NOW + (RETENTION_DAYS + 1) * DAY_US  # the pruner's now: NOW is a day past the retention
+YOUNG = LATER - DAY_US  # within the retention
+
+
+@dataclass
+class Seeded:
+    session_id: str
+    effect_ids: list[str] = field(default_factory=list)
+    entry_ids: list[str] = field(default_factory=list)
+    approval_ids: list[str] = field(default_factory=list)
+
+
+async def seed(
+    store: Store,
+    org_id: str,
+    *,
+    state: str = "completed",
+    at: int = NOW,
+    effects: tuple[str, ...] = ("committed",),
+    undo: tuple[str, ...] = (),
+    approval: str | None = None,
+    effect_updated: int | None = None,
+) -> Seeded:
+    """A session in `state` last updated `at`, with an effect per state in `effects` (the
+    first ones with an undo entry per state in `undo`), an approval on the first effect
+    (if `approval`), and one event per effect."""
+    session_id = str(uuid.uuid4())
+    seeded = Seeded(session_id)
+    async with store.transaction() as q:
+        await q.touch_session(org_id, session_id, 1, at)
+        for step, effect_state in enumerate(effects, start=1):
+            effect = make_effect(
+                org_id,
+                session_id=session_id,
+                step_index=step,
+                state=effect_state,
+                created_us=at,
+                updated_us=effect_updated or at,
+            )
+            assert await q.insert_effect(effect)
+            seeded.effect_ids.append(effect.effect_id)
+            await q.insert_event(
+                org_id, "effect_intercepted", session_id, effect.effect_id, "{}", at
+            )
+            if step <= len(undo):
+                entry = replace(make_undo(effect), state=undo[step - 1], updated_us=at)
+                await q.insert_undo_entry(entry)
+                seeded.entry_ids.append(entry.entry_id)
+            if step == 1 and approval is not None:
+                record = make_approval(effect, created_us=at, status=approval)
+                await q.insert_approval(record)
+                seeded.approval_ids.append(record.approval_id)
+        await q.update_session(org_id, session_id, at, state=state)
+    return seeded
+
+
+async def still_there(store: Store, org_id: str, seeded: Seeded) -> bool:
+    """Whether the session and every row seeded with it are still stored."""
+    async with store.reader() as q:
+        session = await q.get_session(org_id, seeded.session_id)
+        effects = [await q.get_effect(org_id, e) for e in seeded.effect_ids]
+        entries = [await q.get_undo_entry(org_id, e) for e in seeded.entry_ids]
+        approvals = [await q.get_approval(org_id, a) for a in seeded.approval_ids]
+        events = await q.list_events(org_id, session_id=seeded.session_id)
+    rows = [session, *effects, *entries, *approvals]
+    present = [row is not None for row in rows] + [len(events) == len(seeded.effect_ids)]
+    assert all(present) or not any(present), f"partly pruned: {present}"
+    return all(present)
+
+
+async def add_org(store: Store, org_id: str, retention_days: int | None) -> None:
+    async with store.transaction() as q:
+        await q.upsert_org(org_id, org_id, 3600, False, NOW, retention_days)
+
+
+@pytest.fixture
+async def org(store: Store) -> str:
+    org_id = f"org-{uuid.uuid4().hex[:12]}"
+    await add_org(store, org_id, RETENTION_DAYS)
+    return org_id
+
+
+def pruner(store: Store) -> Retention:
+    return Retention(store, clock_us=lambda: LATER)
+
+
+async def test_an_org_keeps_its_retention_and_none_means_forever(store: Store) -> None:
+    forever, monthly = f"org-{uuid.uuid4().hex[:12]}", f"org-{uuid.uuid4().hex[:12]}"
+    await add_org(store, forever, None)
+    await add_org(store, monthly, RETENTION_DAYS)
+    async with store.reader() as q:
+        assert (await q.get_org(forever)).retention_days is None  # type: ignore[union-attr]
+        assert (await q.get_org(monthly)).retention_days == RETENTION_DAYS  # type: ignore[union-attr]
+    old = await seed(store, forever)
+    assert await pruner(store).prune(forever) == {}
+    assert await still_there(store, forever, old)
+    assert (forever, RETENTION_DAYS) not in await pruner(store).policies()
+    assert (monthly, RETENTION_DAYS) in await pruner(store).policies()
+
+
+async def test_an_old_finished_session_goes_with_everything_that_hangs_off_it(
+    store: Store, org: str
+) -> None:
+    completed = await seed(
+        store, org, effects=("committed", "committed", "failed"), undo=("pending",),
+        approval="approved",
+    )  # fmt: skip
+    compensated = await seed(
+        store, org, state="compensated", effects=("compensated",), undo=("compensated",)
+    )
+    report = await pruner(store).prune(org)
+    assert report == {
+        org: PruneCounts(sessions=2, effects=4, undo_entries=2, approvals=1, events=4)
+    }
+    assert not await still_there(store, org, completed)
+    assert not await still_there(store, org, compensated)
+
+
+async def test_a_young_session_and_another_org_are_kept(store: Store, org: str) -> None:
+    young = await seed(store, org, at=YOUNG)
+    other = f"org-{uuid.uuid4().hex[:12]}"
+    await add_org(store, other, RETENTION_DAYS * 10)
+    others = await seed(store, other)
+    assert await pruner(store).prune(org) == {org: PruneCounts()}
+    assert await still_there(store, org, young)
+    assert await still_there(store, other, others)
+
+
+async def test_failed_and_halted_sessions_go_once_nothing_is_left_to_unwind(
+    store: Store, org: str
+) -> None:
+    unwound = await seed(
+        store, org, state="failed", effects=("failed", "committed"), undo=("skipped", "resolved")
+    )
+    halted = await seed(store, org, state="halted", effects=("rejected",), approval="rejected")
+    to_unwind = await seed(store, org, state="failed", effects=("committed",), undo=("pending",))
+    gave_up = await seed(store, org, state="halted", effects=("committed",), undo=("failed",))
+    await pruner(store).prune(org)
+    assert not await still_there(store, org, unwound)
+    assert not await still_there(store, org, halted)
+    assert await still_there(store, org, to_unwind)
+    assert await still_there(store, org, gave_up)
+
+
+NEVER_PRUNED = {
+    "an open session": {"state": "active"},
+    "a session unwinding": {"state": "compensating", "effects": ("compensating",)},
+    "a session whose unwinding failed": {
+        "state": "compensation_failed",
+        "effects": ("compensation_failed",),
+        "undo": ("failed",),
+    },
+    "an effect in doubt": {"effects": ("committed", "in_doubt")},
+    "an effect executing": {"effects": ("executing",)},
+    "an effect pending": {"effects": ("pending",)},
+    "an effect awaiting approval": {"effects": ("awaiting_approval",), "approval": "pending"},
+    "a pending approval": {"effects": ("committed",), "approval": "pending"},
+    "an undo entry running": {"effects": ("committed",), "undo": ("running",)},
+    "an effect updated within the retention": {"effect_updated": YOUNG},
+}
+
+
+@pytest.mark.parametrize("shape", NEVER_PRUNED.values(), ids=NEVER_PRUNED.keys())
+async def test_never_pruned(store: Store, org: str, shape: dict[str, object]) -> None:
+    kept = await seed(store, org, **shape)  # type: ignore[arg-type]
+    gone = await seed(store, org)
+    report = await pruner(store).prune(org)
+    assert report[org].sessions == 1
+    assert await still_there(store, org, kept)
+    assert not await still_there(store, org, gone)
+
+
+async def test_a_dry_run_counts_what_a_prune_deletes_and_deletes_nothing(
+    store: Store, org: str
+) -> None:
+    seeded = [await seed(store, org, effects=("committed", "failed")) for _ in range(5)]
+    kept = await seed(store, org, state="active")
+    dry = await pruner(store).prune(org, dry_run=True, batch_size=2)
+    assert all([await still_there(store, org, s) for s in seeded])
+    real = await pruner(store).prune(org, batch_size=2)
+    assert dry == real == {org: PruneCounts(sessions=5, effects=10, events=10)}
+    assert not any([await still_there(store, org, s) for s in seeded])
+    assert await still_there(store, org, kept)
+
+
+async def test_pruning_goes_in_batches_that_each_commit(store: Store, org: str) -> None:
+    seeded = [await seed(store, org) for _ in range(11)]
+    # A session that is kept sits among them (the same time): batches step over it.
+    kept = await seed(store, org, effects=("in_doubt",))
+    batches: list[PruneCounts] = []
+    report = await pruner(store).prune(org, batch_size=3, on_batch=lambda _, c: batches.append(c))
+    session_batches = [b.sessions for b in batches if b.sessions]
+    assert session_batches == [3, 3, 3, 2]
+    assert sum(b.events for b in batches) == 11
+    assert report[org] == PruneCounts(sessions=11, effects=11, events=11)
+    assert not any([await still_there(store, org, s) for s in seeded])
+    assert await still_there(store, org, kept)
+
+
+async def test_events_go_when_old_and_their_session_is_gone(store: Store, org: str) -> None:
+    async with store.transaction() as q:
+        await q.insert_event(org, "effect_replayed", None, None, "{}", NOW)  # no session: old
+        await q.insert_event(org, "effect_replayed", None, None, "{}", YOUNG)  # no session: young
+    done = await seed(store, org)
+    async with store.transaction() as q:  # a replay of the pruned session's call, later on
+        await q.insert_event(org, "effect_replayed", done.session_id, None, "{}", YOUNG)
+    report = await pruner(store).prune(org)
+    assert report[org] == PruneCounts(sessions=1, effects=1, events=2)
+    async with store.reader() as q:
+        left = await q.list_events(org)
+    assert [(e.session_id, e.created_us) for e in left] == [(None, YOUNG), (done.session_id, YOUNG)]
+    # Once it is old too, the later event of the pruned session goes.
+    much_later = Retention(store, clock_us=lambda: LATER + RETENTION_DAYS * DAY_US)
+    assert (await much_later.prune(org))[org] == PruneCounts(events=2)
+
+
+async def test_a_batch_size_out_of_bounds_is_refused(store: Store, org: str) -> None:
+    with pytest.raises(ValueError, match="batch size"):
+        await pruner(store).prune(org, batch_size=0)
