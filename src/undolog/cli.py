@@ -353,11 +353,13 @@ def demo(
 def _add_operator_commands() -> None:
     from undolog.cli_keys import keys_app
     from undolog.cli_ops import approvals_app, sessions_app, undo_app
+    from undolog.cli_retention import prune
 
     app.add_typer(keys_app, name="keys")
     app.add_typer(approvals_app, name="approvals")
     app.add_typer(sessions_app, name="sessions")
     app.add_typer(undo_app, name="undo")
+    app.command("prune")(prune)
 
 
 _add_operator_commands()

@@ -55,6 +55,7 @@ DEFAULT_LEASE_SWEEP_SECONDS = 2.0
 # The retention sweep (docs/retention.md): how often, and how many sessions per transaction.
 DEFAULT_RETENTION_SWEEP_SECONDS = 600.0
 DEFAULT_RETENTION_BATCH_SIZE = 200
+MAX_RETENTION_BATCH_SIZE = 10_000  # the engine's bound (engine/retention.py MAX_BATCH_SIZE)
 DEFAULT_SPOOL_DIR = "./undolog-spool"
 DEFAULT_AUTH_FAILURE_LIMIT = 10
 DEFAULT_AUTH_FAILURE_WINDOW_SECONDS = 60.0
@@ -498,6 +499,10 @@ def load_settings(
     for name in _POSITIVE_FIELDS:
         if getattr(settings, name) <= 0:
             raise ValueError(f"setting {name!r} must be greater than 0")
+    if settings.retention_batch_size > MAX_RETENTION_BATCH_SIZE:
+        raise ValueError(
+            f"setting 'retention_batch_size' must be at most {MAX_RETENTION_BATCH_SIZE}"
+        )
     scheme = settings.database_url.partition("://")[0].lower()
     if scheme not in _DATABASE_SCHEMES or "://" not in settings.database_url:
         # Only the scheme is echoed: the rest of the URL may hold a password.

@@ -9,88 +9,17 @@ sharing the PostgreSQL database never prune each other's rows.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field, replace
 
 import pytest
 
-from tests.store.contract_helpers import NOW, make_approval, make_effect, make_undo
+from tests.store.contract_helpers import NOW
+from tests.support.retention import add_org, seed, still_there
 from undolog.engine.retention import DAY_US, PruneCounts, Retention
 from undolog.store import Store
 
 RETENTION_DAYS = 30
 LATER = NOW + (RETENTION_DAYS + 1) * DAY_US  # the pruner's now: NOW is a day past the retention
 YOUNG = LATER - DAY_US  # within the retention
-
-
-@dataclass
-class Seeded:
-    session_id: str
-    effect_ids: list[str] = field(default_factory=list)
-    entry_ids: list[str] = field(default_factory=list)
-    approval_ids: list[str] = field(default_factory=list)
-
-
-async def seed(
-    store: Store,
-    org_id: str,
-    *,
-    state: str = "completed",
-    at: int = NOW,
-    effects: tuple[str, ...] = ("committed",),
-    undo: tuple[str, ...] = (),
-    approval: str | None = None,
-    effect_updated: int | None = None,
-) -> Seeded:
-    """A session in `state` last updated `at`, with an effect per state in `effects` (the
-    first ones with an undo entry per state in `undo`), an approval on the first effect
-    (if `approval`), and one event per effect."""
-    session_id = str(uuid.uuid4())
-    seeded = Seeded(session_id)
-    async with store.transaction() as q:
-        await q.touch_session(org_id, session_id, 1, at)
-        for step, effect_state in enumerate(effects, start=1):
-            effect = make_effect(
-                org_id,
-                session_id=session_id,
-                step_index=step,
-                state=effect_state,
-                created_us=at,
-                updated_us=effect_updated or at,
-            )
-            assert await q.insert_effect(effect)
-            seeded.effect_ids.append(effect.effect_id)
-            await q.insert_event(
-                org_id, "effect_intercepted", session_id, effect.effect_id, "{}", at
-            )
-            if step <= len(undo):
-                entry = replace(make_undo(effect), state=undo[step - 1], updated_us=at)
-                await q.insert_undo_entry(entry)
-                seeded.entry_ids.append(entry.entry_id)
-            if step == 1 and approval is not None:
-                record = make_approval(effect, created_us=at, status=approval)
-                await q.insert_approval(record)
-                seeded.approval_ids.append(record.approval_id)
-        await q.update_session(org_id, session_id, at, state=state)
-    return seeded
-
-
-async def still_there(store: Store, org_id: str, seeded: Seeded) -> bool:
-    """Whether the session and every row seeded with it are still stored."""
-    async with store.reader() as q:
-        session = await q.get_session(org_id, seeded.session_id)
-        effects = [await q.get_effect(org_id, e) for e in seeded.effect_ids]
-        entries = [await q.get_undo_entry(org_id, e) for e in seeded.entry_ids]
-        approvals = [await q.get_approval(org_id, a) for a in seeded.approval_ids]
-        events = await q.list_events(org_id, session_id=seeded.session_id)
-    rows = [session, *effects, *entries, *approvals]
-    present = [row is not None for row in rows] + [len(events) == len(seeded.effect_ids)]
-    assert all(present) or not any(present), f"partly pruned: {present}"
-    return all(present)
-
-
-async def add_org(store: Store, org_id: str, retention_days: int | None) -> None:
-    async with store.transaction() as q:
-        await q.upsert_org(org_id, org_id, 3600, False, NOW, retention_days)
 
 
 @pytest.fixture

@@ -25,7 +25,9 @@ from undolog.engine.states import ApprovalStatus, EffectState, SessionState, Und
 from undolog.store.protocol import Store
 
 __all__ = [
+    "DAY_US",
     "DEFAULT_BATCH_SIZE",
+    "MAX_BATCH_SIZE",
     "PRUNE_RULE",
     "PruneCounts",
     "PruneRule",

@@ -33,7 +33,11 @@ from undolog.proxy.undo import router as undo_router
 from undolog.proxy.wire import error_body, json_response
 from undolog.services.metrics import ProxyMetrics
 from undolog.services.runtime import Runtime, open_runtime
-from undolog.services.sweeps import sweep_approvals_forever, sweep_leases_forever
+from undolog.services.sweeps import (
+    sweep_approvals_forever,
+    sweep_leases_forever,
+    sweep_retention_forever,
+)
 from undolog.store.records import KeyRecord
 from undolog.ui import mount_ui
 from undolog_sdk.errors import UndoLogError
@@ -97,6 +101,11 @@ def create_app(settings: Settings) -> Any:
                     sweep_approvals_forever(runtime, settings.approval_sweep_seconds)
                 ),
                 asyncio.create_task(sweep_leases_forever(runtime, settings.lease_sweep_seconds)),
+                asyncio.create_task(
+                    sweep_retention_forever(
+                        runtime, settings.retention_sweep_seconds, settings.retention_batch_size
+                    )
+                ),
             ]
             try:
                 async with gateway.serving(runtime):

@@ -31,6 +31,7 @@ class ProxyMetrics:
     approval_decision_duration: Histogram
     effects_in_doubt: Counter
     held_results: Counter
+    pruned_rows: Counter
 
     @classmethod
     def create(cls) -> ProxyMetrics:
@@ -113,6 +114,13 @@ class ProxyMetrics:
                 "Results whose commit failed: held (answered, spooled, retried in the "
                 "background), committed (later), given_up (left in the spool for an operator).",
                 ["outcome"],
+                registry=r,
+            ),
+            pruned_rows=Counter(
+                "undolog_proxy_pruned_rows_total",
+                "Rows deleted by retention (docs/retention.md), by table: sessions, effects, "
+                "undo_entries, approvals, events.",
+                ["table"],
                 registry=r,
             ),
         )

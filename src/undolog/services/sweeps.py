@@ -1,4 +1,5 @@
-"""The background sweeps each proxy runs, until cancelled: expired approvals, expired leases.
+"""The background sweeps each proxy runs, until cancelled: expired approvals, expired leases,
+and retention (finished sessions past their org's `retention_days`, docs/retention.md).
 
 No error ends a sweep: a dead sweeper would leave every later approval pending forever, or
 orphaned calls invisible. Both are safe to run in many processes on one PostgreSQL.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from undolog.engine.retention import PruneCounts, Retention
 from undolog.services.calls import run_approved
 from undolog_sdk.errors import UndoLogError
 from undolog_sdk.wire import EffectState
@@ -16,7 +18,12 @@ from undolog_sdk.wire import EffectState
 if TYPE_CHECKING:
     from undolog.services.runtime import Runtime
 
-__all__ = ["sweep_approvals_forever", "sweep_leases_forever"]
+__all__ = [
+    "prune_once",
+    "sweep_approvals_forever",
+    "sweep_leases_forever",
+    "sweep_retention_forever",
+]
 
 
 async def sweep_approvals_forever(runtime: Runtime, interval_seconds: float) -> None:
@@ -74,4 +81,42 @@ async def sweep_leases_forever(runtime: Runtime, interval_seconds: float) -> Non
                 effect_id=effect.effect_id,
                 tool_name=effect.tool_name,
             )
+        await asyncio.sleep(interval_seconds)
+
+
+async def prune_once(runtime: Runtime, retention: Retention, batch_size: int) -> PruneCounts:
+    """One retention round over every org that has one; counts each committed batch in
+    `undolog_proxy_pruned_rows_total` as it goes. Returns what went, all orgs together."""
+
+    def counted(org_id: str, counts: PruneCounts) -> None:
+        for table, rows in counts.as_dict().items():
+            if rows:
+                runtime.metrics.pruned_rows.labels(table).inc(rows)
+
+    report = await retention.prune(batch_size=batch_size, on_batch=counted)
+    total = PruneCounts()
+    for org_id, counts in report.items():
+        total += counts
+        if counts.total:
+            runtime.log.info("retention_pruned", org_id=org_id, **counts.as_dict())
+    return total
+
+
+async def sweep_retention_forever(
+    runtime: Runtime, interval_seconds: float, batch_size: int
+) -> None:
+    """Prune what orgs' retention lets go, every `interval_seconds`, until cancelled.
+
+    Batches of `batch_size` sessions, each its own short transaction, so calls never wait
+    for more than one batch. Safe in many processes on one PostgreSQL (a batch skips the
+    sessions another pruner holds). No error ends the loop.
+    """
+    retention = Retention(runtime.store)
+    while True:
+        try:
+            await prune_once(runtime, retention, batch_size)
+        except UndoLogError as exc:  # the store is down: try again next round
+            runtime.log.warning("retention_sweep_failed", error=exc.message)
+        except Exception:
+            runtime.log.exception("retention_sweep_failed")
         await asyncio.sleep(interval_seconds)
