@@ -708,7 +708,16 @@ async def main(args: argparse.Namespace) -> int:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(report, indent=1) + "\n")
         print(f"\nwritten {RESULTS.relative_to(HERE.parent)} ({elapsed:.0f} s in all)")
-    return 1 if any(r["errors"] for r in rows) else 0
+    status = 1 if any(r["errors"] for r in rows) else 0
+    if args.log_sizes:  # the growing-log run (bench/large_log.py), after this one
+        import large_log
+
+        print("\n== a call against a large log (bench/large_log.py)")
+        log_args = large_log.options(
+            args.log_sizes, args.stores, args.pg_admin_url, quick=args.quick, no_save=args.no_save
+        )
+        status |= await large_log.main(log_args)
+    return status
 
 
 def parse_args() -> argparse.Namespace:
@@ -725,6 +734,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--py-spy", metavar="DIR", help="record the proxy with py-spy (raw)")
     parser.add_argument("--keep-workdir", action="store_true", help="keep logs and SQLite file")
     parser.add_argument("--no-save", action="store_true", help="do not write results/latest.json")
+    parser.add_argument(
+        "--log-sizes",
+        metavar="N,M",
+        help="then measure calls against logs of N and M effects (bench/large_log.py)",
+    )
     return parser.parse_args()
 
 
