@@ -37,6 +37,7 @@ sys.path.insert(0, str(HERE))  # bench/run.py's processes, callers and percentil
 
 from run import (  # noqa: E402
     API_KEY,
+    CLK_TCK,
     DEFAULT_PG_ADMIN_URL,
     METRICS_TOKEN,
     ORG,
@@ -44,8 +45,11 @@ from run import (  # noqa: E402
     Caller,
     Child,
     Tally,
+    cpu_delta,
+    cpu_snapshot,
     free_port,
     percentile,
+    postgres_backend_pids,
 )
 
 RESULTS = HERE / "results" / "large_log.json"
@@ -169,11 +173,18 @@ def start_proxy(url: str, upstream_url: str, workdir: Path, name: str) -> tuple[
 
 def summary(tally: Tally) -> dict[str, Any]:
     values = sorted(tally.latencies)
+    calls = max(1, len(values))
     return {
         "calls": len(values),
         "errors": tally.errors,
         "p50_ms": round(percentile(values, 50) * 1000, 3),
         "p99_ms": round(percentile(values, 99) * 1000, 3),
+        # CPU per call of the proxy and of its PostgreSQL backends (/proc, clock ticks): less
+        # sensitive to a busy machine than wall time.
+        "cpu_ms_per_call": {
+            name: round(ticks * 1000 / CLK_TCK / calls, 3)
+            for name, ticks in sorted(tally.cpu_ticks.items())
+        },
     }
 
 
@@ -186,6 +197,7 @@ async def measure_store(
     upstream_url: str,
     workdir: Path,
     http: aiohttp.ClientSession,
+    pg: tuple[asyncpg.Connection, dict[int, str]] | None,
 ) -> list[dict[str, Any]]:
     proxies: dict[int, tuple[Child, Bench]] = {}
     try:
@@ -208,8 +220,15 @@ async def measure_store(
             order = sizes[r % len(sizes) :] + sizes[: r % len(sizes)]
             for size in order:
                 for scenario in SCENARIOS if r % 2 == 0 else SCENARIOS[::-1]:
-                    bench = proxies[size][1]
-                    await bench.chunk(scenario, callers[size], calls, tallies[(size, scenario)])
+                    child, bench = proxies[size]
+                    tally = tallies[(size, scenario)]
+                    backends = await postgres_backend_pids(pg[0], pg[1][size]) if pg else []
+                    pids = {"proxy": [child.pid]} | ({"postgres": backends} if pg else {})
+                    before = cpu_snapshot(pids)
+                    await bench.chunk(scenario, callers[size], calls, tally)
+                    delta = cpu_delta(before, cpu_snapshot(pids))
+                    for name in pids:
+                        tally.cpu_ticks[name] += delta[name][0]
         rows = []
         for scenario in SCENARIOS:
             base = summary(tallies[(sizes[0], scenario)])
@@ -220,10 +239,11 @@ async def measure_store(
                 row["p50_vs_smallest"] = ratio
                 row["within_target"] = ratio <= TARGET_RATIO
                 rows.append(row)
+                cpu = " ".join(f"{k} {v:.2f}" for k, v in row["cpu_ms_per_call"].items())
                 print(
                     f"  {store:<8} {scenario:<6} {size:>9,} effects: p50 {row['p50_ms']:7.3f} ms"
-                    f"  p99 {row['p99_ms']:7.3f} ms  x{row['p50_vs_smallest']:.2f} of smallest"
-                    f"  ({row['calls']} calls, {row['errors']} errors)",
+                    f"  p99 {row['p99_ms']:7.3f} ms  x{ratio:.2f} of smallest"
+                    f"  cpu ms/call: {cpu}  ({row['calls']} calls, {row['errors']} errors)",
                     flush=True,
                 )
         return rows
@@ -235,7 +255,7 @@ async def measure_store(
 async def main(args: argparse.Namespace) -> int:
     sizes = sorted(int(s) for s in args.log_sizes.split(","))
     stores = args.stores.split(",")
-    rounds, calls = (2, 100) if args.quick else (args.rounds, args.calls)
+    rounds, calls = (4, 50) if args.quick else (args.rounds, args.calls)
     workdir = Path(tempfile.mkdtemp(prefix="undolog-bench-log-"))
     loadavg_before = os.getloadavg()
     upstream_port = free_port()
@@ -256,6 +276,7 @@ async def main(args: argparse.Namespace) -> int:
             await upstream.wait_healthy(upstream_url + "/health", http)
             for store in stores:
                 urls: dict[int, str] = {}
+                names: dict[int, str] = {}
                 for size in sizes:
                     if store == "sqlite":
                         urls[size] = f"sqlite:///{workdir / f'log-{size}.db'}"
@@ -265,14 +286,16 @@ async def main(args: argparse.Namespace) -> int:
                         name = f"undolog_bench_log_{os.getpid()}_{size}"
                         await admin.execute(f'CREATE DATABASE "{name}"')
                         databases.append(name)
+                        names[size] = name
                         urls[size] = f"{args.pg_admin_url.rsplit('/', 1)[0]}/{name}"
                     else:
                         raise SystemExit(f"unknown store {store!r}: expected sqlite or postgres")
                     seconds = await seed(urls[size], size)
                     seeding[f"{store}/{size}"] = round(seconds, 1)
                     print(f"seeded {store} with {size:,} effects in {seconds:.1f} s", flush=True)
+                pg = (admin, names) if admin is not None and names else None
                 rows += await measure_store(
-                    store, sizes, urls, rounds, calls, upstream_url, workdir, http
+                    store, sizes, urls, rounds, calls, upstream_url, workdir, http, pg
                 )
     finally:
         upstream.stop()
@@ -308,7 +331,7 @@ def options(
 ) -> argparse.Namespace:
     """This module's arguments, for bench/run.py's `--log-sizes`."""
     return argparse.Namespace(
-        log_sizes=log_sizes, stores=stores, rounds=5, calls=200, quick=quick,
+        log_sizes=log_sizes, stores=stores, rounds=20, calls=50, quick=quick,
         pg_admin_url=pg_admin_url, no_save=no_save,
     )  # fmt: skip
 
@@ -319,9 +342,9 @@ def parse_args() -> argparse.Namespace:
         "--log-sizes", default="10000,1000000", help="comma-separated effect counts to seed"
     )
     parser.add_argument("--stores", default="sqlite,postgres", help="comma-separated")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
-    parser.add_argument("--calls", type=int, default=200, help="calls per round and scenario")
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 100 calls")
+    parser.add_argument("--rounds", type=int, default=20, help="interleaved rounds")
+    parser.add_argument("--calls", type=int, default=50, help="calls per round and scenario")
+    parser.add_argument("--quick", action="store_true", help="4 rounds of 50 calls")
     parser.add_argument(
         "--pg-admin-url",
         default=os.environ.get("UNDOLOG_BENCH_PG_URL", DEFAULT_PG_ADMIN_URL),
