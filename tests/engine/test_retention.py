@@ -166,3 +166,19 @@ async def test_events_go_when_old_and_their_session_is_gone(store: Store, org: s
 async def test_a_batch_size_out_of_bounds_is_refused(store: Store, org: str) -> None:
     with pytest.raises(ValueError, match="batch size"):
         await pruner(store).prune(org, batch_size=0)
+
+
+@pytest.mark.security
+async def test_a_prune_never_touches_another_org_that_uses_the_same_session_id(
+    store: Store, org: str
+) -> None:
+    """Session ids are the client's choice: an org's prune is scoped by org in every
+    statement, so a second org's session of the same id (old and finished, in an org that
+    keeps everything) keeps every row, its events included."""
+    mine = await seed(store, org)
+    victim = f"org-{uuid.uuid4().hex[:12]}"
+    await add_org(store, victim, None)
+    theirs = await seed(store, victim, session_id=mine.session_id)
+    assert (await pruner(store).prune(org))[org].sessions == 1
+    assert not await still_there(store, org, mine)
+    assert await still_there(store, victim, theirs)  # its event included

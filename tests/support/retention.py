@@ -37,11 +37,13 @@ async def seed(
     undo: tuple[str, ...] = (),
     approval: str | None = None,
     effect_updated: int | None = None,
+    session_id: str | None = None,
 ) -> Seeded:
     """A session in `state` last updated `at`, with an effect per state in `effects` (the
     first ones with an undo entry per state in `undo`), an approval on the first effect
-    (if `approval`), and one event per effect."""
-    session_id = str(uuid.uuid4())
+    (if `approval`), and one event per effect. `session_id`: a chosen id (clients choose
+    them, so two orgs may use the same one)."""
+    session_id = session_id or str(uuid.uuid4())
     seeded = Seeded(session_id)
     async with store.transaction() as q:
         await q.touch_session(org_id, session_id, 1, at)
