@@ -79,6 +79,7 @@ JSON_COMMANDS = [
     ["keys", "list"],
     ["keys", "revoke"],
     ["migrate"],
+    ["prune"],
 ]
 
 
