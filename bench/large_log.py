@@ -56,14 +56,15 @@ RESULTS = HERE / "results" / "large_log.json"
 SCENARIOS = ("new", "replay")
 EFFECTS_PER_SESSION = 10
 TARGET_RATIO = 1.2
-SEEDED_AT_US = 1_700_000_000_000_000  # the seeded rows' times (long past: finished work)
+SEEDED_AT_US = 1_700_000_000_000_000  # the seeded rows' times (long past: finished work);
+# sessions end a microsecond apart, as real ones do (no two at the very same time)
 
 # One statement per table; `{n}` effects, numbered 1..n, EFFECTS_PER_SESSION per session.
 # Ids and signatures are distinct per number and never collide with the bench's own (UUIDs,
 # BLAKE3 hex), which are random as real ones are.
 _PG_SEED = (
     "INSERT INTO sessions (org_id, session_id, state, last_step, created_us, updated_us) "
-    "SELECT $1, 'seed-session-' || s, 'completed', {per}, $2, $2 "
+    "SELECT $1, 'seed-session-' || s, 'completed', {per}, $2, $2 + s "
     "FROM generate_series(1, ceil({n}::numeric / {per})::bigint) AS s",
     "INSERT INTO effects (effect_id, org_id, session_id, step_index, tool_name, tool_version, "
     "tier, call_signature, args, state, mode, attempts, result, executed_us, finished_us, "
@@ -85,7 +86,7 @@ _PG_SEED = (
 _SQLITE_SEQ = "WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < {n}) "
 _SQLITE_SEED = (
     _SQLITE_SEQ + "INSERT INTO sessions (org_id, session_id, state, last_step, created_us, "
-    "updated_us) SELECT ?1, 'seed-session-' || i, 'completed', {per}, ?2, ?2 FROM seq "
+    "updated_us) SELECT ?1, 'seed-session-' || i, 'completed', {per}, ?2, ?2 + i FROM seq "
     "WHERE (i - 1) % {per} = 0",
     _SQLITE_SEQ + "INSERT INTO effects (effect_id, org_id, session_id, step_index, tool_name, "
     "tool_version, tier, call_signature, args, state, mode, attempts, result, executed_us, "

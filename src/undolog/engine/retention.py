@@ -38,6 +38,8 @@ __all__ = [
 DEFAULT_BATCH_SIZE = 200
 MAX_BATCH_SIZE = 10_000  # an IN list of this many ids is still one cheap statement
 DAY_US = 86_400 * 1_000_000
+# Events are walked in chunks of this many per session of a batch: a session has several.
+EVENTS_PER_SESSION = 10
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,9 @@ class Retention:
                 on_batch(org_id, counts)
             total += counts
             await asyncio.sleep(0)  # let waiting calls in before the next batch
-        events = await self._prune_events(org_id, cutoff, batch_size, dry_run, gone, on_batch)
+        events = await self._prune_events(
+            org_id, cutoff, batch_size * EVENTS_PER_SESSION, dry_run, gone, on_batch
+        )
         return total + PruneCounts(events=events)
 
     async def _session_batch(

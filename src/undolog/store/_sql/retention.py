@@ -70,8 +70,8 @@ class RetentionSql(AccountSql):
         states = (*done, *unwound_only)
         rows = await self._fetch(
             "SELECT s.session_id, s.updated_us FROM sessions s "
-            "WHERE s.org_id = ? AND s.updated_us < ? "
-            "AND (s.updated_us > ? OR (s.updated_us = ? AND s.session_id > ?)) "
+            "WHERE s.org_id = ? AND s.updated_us < ? AND s.updated_us >= ? "
+            "AND (s.updated_us > ? OR s.session_id > ?) "
             f"AND s.state IN ({_marks(states)}) "
             "AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.org_id = s.org_id "
             "AND e.session_id = s.session_id "
@@ -85,7 +85,7 @@ class RetentionSql(AccountSql):
             f"ORDER BY s.updated_us, s.session_id LIMIT ?{self._SKIP_LOCKED_SESSIONS}",
             org_id,
             cutoff_us,
-            after[0],
+            after[0],  # a bound the index range starts at: earlier sessions are not read
             after[0],
             after[1],
             *states,
