@@ -52,9 +52,8 @@ DEFAULT_KEEP_ALIVE_TIMEOUT_SECONDS = 5.0  # idle time between requests on one co
 DEFAULT_MAX_CONNECTIONS = 4096  # open at once; above: a canned 503 and close
 DEFAULT_READY_TIMEOUT_SECONDS = 2.0  # for the store to answer `/ready`'s query
 DEFAULT_LEASE_SWEEP_SECONDS = 2.0
-# The retention sweep (docs/retention.md): how often, and how many sessions per transaction.
-DEFAULT_RETENTION_SWEEP_SECONDS = 600.0
-DEFAULT_RETENTION_BATCH_SIZE = 200
+DEFAULT_RETENTION_SWEEP_SECONDS = 600.0  # the retention sweep (docs/retention.md)
+DEFAULT_RETENTION_BATCH_SIZE = 200  # sessions per transaction
 MAX_RETENTION_BATCH_SIZE = 10_000  # the engine's bound (engine/retention.py MAX_BATCH_SIZE)
 DEFAULT_SPOOL_DIR = "./undolog-spool"
 DEFAULT_AUTH_FAILURE_LIMIT = 10
@@ -90,8 +89,7 @@ class OrgConfig:
     keys: tuple[KeyConfig, ...] = ()
     approval_timeout_seconds: int = DEFAULT_APPROVAL_TIMEOUT_SECONDS
     auto_approve_on_timeout: bool = False
-    # Days a finished session is kept before pruning (docs/retention.md); None: forever.
-    retention_days: int | None = None
+    retention_days: int | None = None  # finished sessions kept (docs/retention.md); None: forever
 
 
 @dataclass(frozen=True)
@@ -185,7 +183,6 @@ _POSITIVE_FIELDS = (
     "max_connections",
     "ready_timeout_seconds",
     "retention_sweep_seconds",
-    "retention_batch_size",
 )
 
 _TOP_LEVEL_KEYS = frozenset({"server", "orgs", "tools", "upstreams", "mcp"})
@@ -300,16 +297,6 @@ def _named_keys(where: str, item: Mapping[str, Any]) -> tuple[KeyConfig, ...]:
     return tuple(keys)
 
 
-def _retention_days(where: str, item: Mapping[str, Any]) -> int | None:
-    """`retention_days`: absent means keep forever; otherwise a whole number of days >= 1."""
-    days = item.get("retention_days")
-    if days is None:
-        return None
-    if _typed(where, days, int) < 1:
-        raise ValueError(f"{where}: expected a number of days >= 1, got {days}")
-    return int(days)
-
-
 def _orgs_from_toml(data: Mapping[str, Any]) -> tuple[OrgConfig, ...]:
     orgs = []
     for n, item in enumerate(_tables(data, "orgs")):
@@ -320,6 +307,9 @@ def _orgs_from_toml(data: Mapping[str, Any]) -> tuple[OrgConfig, ...]:
         hashes = _sha256_list(f"{where}.api_key_sha256", sha256)
         hashes += [hash_api_key(k) for k in plain]  # the plain keys are not kept
         timeout = item.get("approval_timeout_seconds", DEFAULT_APPROVAL_TIMEOUT_SECONDS)
+        days = item.get("retention_days")  # absent: keep forever
+        if days is not None and _typed(f"{where}.retention_days", days, int) < 1:
+            raise ValueError(f"{where}.retention_days: expected a number of days >= 1")
         orgs.append(
             OrgConfig(
                 org_id=item["id"],
@@ -332,7 +322,7 @@ def _orgs_from_toml(data: Mapping[str, Any]) -> tuple[OrgConfig, ...]:
                     item.get("auto_approve_on_timeout", False),
                     bool,
                 ),
-                retention_days=_retention_days(f"{where}.retention_days", item),
+                retention_days=days,
             )
         )
     seen: set[str] = set()
@@ -499,10 +489,8 @@ def load_settings(
     for name in _POSITIVE_FIELDS:
         if getattr(settings, name) <= 0:
             raise ValueError(f"setting {name!r} must be greater than 0")
-    if settings.retention_batch_size > MAX_RETENTION_BATCH_SIZE:
-        raise ValueError(
-            f"setting 'retention_batch_size' must be at most {MAX_RETENTION_BATCH_SIZE}"
-        )
+    if not 1 <= settings.retention_batch_size <= MAX_RETENTION_BATCH_SIZE:
+        raise ValueError(f"setting 'retention_batch_size' must be 1 to {MAX_RETENTION_BATCH_SIZE}")
     scheme = settings.database_url.partition("://")[0].lower()
     if scheme not in _DATABASE_SCHEMES or "://" not in settings.database_url:
         # Only the scheme is echoed: the rest of the URL may hold a password.
