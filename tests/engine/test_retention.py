@@ -8,14 +8,15 @@ sharing the PostgreSQL database never prune each other's rows.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
 
 from tests.store.contract_helpers import NOW
-from tests.support.retention import add_org, seed, still_there
+from tests.support.retention import add_org, bulk_seed, seed, still_there
 from undolog.engine.retention import DAY_US, PruneCounts, Retention
-from undolog.store import Store
+from undolog.store import Store, open_store
 
 RETENTION_DAYS = 30
 LATER = NOW + (RETENTION_DAYS + 1) * DAY_US  # the pruner's now: NOW is a day past the retention
@@ -182,3 +183,22 @@ async def test_a_prune_never_touches_another_org_that_uses_the_same_session_id(
     assert (await pruner(store).prune(org))[org].sessions == 1
     assert not await still_there(store, org, mine)
     assert await still_there(store, victim, theirs)  # its event included
+
+
+async def test_two_pruners_at_once_share_the_work_and_count_each_row_once(
+    store: Store, store_url: str, org: str
+) -> None:
+    """As two server processes' sweeps would: each its own store (connection pool); on
+    PostgreSQL a batch skips the sessions the other holds, on SQLite the batches take turns."""
+    await bulk_seed(store_url, org, 300, 2, at=NOW)
+    other = await open_store(store_url)
+    try:
+        reports = await asyncio.gather(
+            pruner(store).prune(org, batch_size=20),
+            pruner(other).prune(org, batch_size=20),
+        )
+    finally:
+        await other.close()
+    total = reports[0][org] + reports[1][org]
+    assert total == PruneCounts(sessions=300, effects=600, events=600)
+    assert (await pruner(store).prune(org))[org] == PruneCounts()
