@@ -141,6 +141,7 @@ class Settings:
     lease_sweep_seconds: float = DEFAULT_LEASE_SWEEP_SECONDS
     spool_dir: str = DEFAULT_SPOOL_DIR  # held results that could not be committed, for operators
     log_level: str = "info"
+    workers: int | None = None  # processes on one port; None: one per core on PostgreSQL, else 1
     ui_secret: str | None = None  # signs dashboard session cookies; None: random per process
     # /metrics on the main port needs `Authorization: Bearer <metrics_token>`; without a token
     # it is not served there. `metrics_port` opens a second listener (no auth: bind it to a

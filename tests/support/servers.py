@@ -133,7 +133,10 @@ class ProcessServer:
     def start(self, timeout: float = 90.0) -> ProcessServer:
         # Generous: a cold `python -m undolog serve` takes 10-20 s on a loaded 2-core machine.
         # It returns as soon as the server answers; the deadline only bounds a hang.
-        env = {**os.environ, **self.env}
+        # One process unless the test asks for more (`undolog serve` defaults to one worker
+        # per core on PostgreSQL): a kill -9 or a crash point must end the server, not a
+        # worker that its supervisor would start again.
+        env = {"UNDOLOG_WORKERS": "1", **os.environ, **self.env}
         if self.log_path:
             # The child gets its own copy of the descriptor; ours is closed at once.
             with open(self.log_path, "ab") as log:
