@@ -25,6 +25,8 @@ from tests.proxy.conftest import write_org_config
 from tests.support.forwarder import forwarding
 from tests.support.servers import ProcessServer, free_port, undolog_command, wait_until
 from undolog.config import Settings
+from undolog.store import open_store
+from undolog.store.postgres import PostgresStore
 from undolog.supervisor import MAX_WORKERS, SQLITE_ONE_PROCESS, WORKER_HEADER_ENV, worker_count
 
 DEADLINE = 90.0  # a worker's start imports the whole server: 10-20 s on a loaded 2-core box
@@ -103,6 +105,17 @@ def test_the_default_is_one_worker_per_core_on_postgresql_and_one_on_sqlite() ->
     assert worker_count(Settings(database_url="sqlite:///x.db"), cores=4) == 1
     assert worker_count(Settings(database_url="postgresql://h/db", workers=3), cores=1) == 3
     assert worker_count(Settings(database_url="postgresql://h/db"), cores=500) == MAX_WORKERS
+
+
+@pytest.mark.postgres
+async def test_the_pool_size_bounds_a_processs_postgresql_connections(database: str) -> None:
+    store = await open_store(database, pool_size=3)
+    try:
+        assert isinstance(store, PostgresStore)
+        assert store._pool.get_max_size() == 3
+        assert store._pool.get_min_size() == 2
+    finally:
+        await store.close()
 
 
 @pytest.mark.parametrize(

@@ -78,6 +78,9 @@ def serve(
     lease_seconds: float = typer.Option(None, help="Execution lease before a call is in doubt"),
     lock_max_attempts: int = typer.Option(None, help="Advisory lock attempts (PostgreSQL)"),
     lock_retry_ms: int = typer.Option(None, help="Delay between advisory lock attempts"),
+    db_pool_size: int = typer.Option(
+        None, help="PostgreSQL connections per process, at most (default 20; docs/deploy.md)"
+    ),
     max_body_bytes: int = typer.Option(None, help="Largest request body accepted"),
     retry_after_seconds: int = typer.Option(None, help="retry_after hint for waiting calls"),
     approval_sweep_seconds: float = typer.Option(

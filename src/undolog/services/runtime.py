@@ -147,6 +147,7 @@ async def open_runtime(
         settings.database_url,
         lock_max_attempts=settings.lock_max_attempts,
         lock_retry_ms=settings.lock_retry_ms,
+        pool_size=settings.db_pool_size,
     )
     try:
         if prepare:
