@@ -117,7 +117,7 @@ async def _prepare(settings: Settings) -> None:
     from undolog.services.runtime import prepare_store
     from undolog.store import open_store
 
-    store = await open_store(settings.database_url)
+    store = await open_store(settings.database_url, pool_size=settings.db_pool_size)
     try:
         await prepare_store(store, settings)
     finally:
