@@ -17,19 +17,17 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import fresh_pg_database
-from tests.proxy.conftest import spawn_proxy
+from tests.proxy.conftest import org_toml, spawn_proxy
 from tests.proxy.test_concurrency import CALLS, assert_one_execution, outcome, slow_call
 from tests.support.roundrobin import BACKEND_HEADER, RoundRobin
 from tests.support.servers import ProcessServer, ThreadServer, wait_until
 from tests.support.sse import EventStream
-from undolog.config import hash_api_key
 from undolog.demo.catalog import DEMO_TOOLS
 from undolog.demo.tools import create_demo_tools_app
 from undolog.store import EventRecord, open_store
@@ -39,7 +37,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 PROCESSES = 3
 DEADLINE = 30.0
 TOOL_CALL = "/mcp/tool_call"
-HASTY_TIMEOUT_SECONDS = 1  # the approval timeout of the second org, for the sweep
+HASTY_SECONDS = 1  # the approval timeout of the second org, for the sweep
 
 
 @dataclass
@@ -50,7 +48,7 @@ class Cluster:
     upstream_url: str
     org_id: str
     key: str
-    hasty_org_id: str  # an org whose approvals expire after HASTY_TIMEOUT_SECONDS
+    hasty_org_id: str  # an org whose approvals expire after HASTY_SECONDS
     hasty_key: str
 
     def client(self, key: str | None = None) -> httpx.Client:
@@ -77,23 +75,16 @@ class Cluster:
             await store.close()
 
 
-def _config(path: Path, orgs: list[tuple[str, str, int | None]]) -> Path:
-    text = ""
-    for org_id, key, timeout in orgs:
-        text += f'[[orgs]]\nid = "{org_id}"\n'
-        if timeout is not None:
-            text += f"approval_timeout_seconds = {timeout}\n"
-        text += f'[[orgs.keys]]\nname = "admin"\nrole = "admin"\nsha256 = "{hash_api_key(key)}"\n'
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("cluster")
     org, hasty = (f"org-{uuid.uuid4().hex[:12]}" for _ in range(2))
     key, hasty_key = (f"ul_test_{uuid.uuid4().hex}" for _ in range(2))
-    config = _config(tmp / "undolog.toml", [(org, key, None), (hasty, hasty_key, 1)])
+    config = tmp / "undolog.toml"
+    config.write_text(
+        org_toml(org, key) + org_toml(hasty, hasty_key, approval_timeout_seconds=HASTY_SECONDS),
+        encoding="utf-8",
+    )
     started: list[ProcessServer] = []
     # A database of its own: these proxies sweep every org's approvals.
     with fresh_pg_database("many") as database_url:
