@@ -40,7 +40,7 @@ def database() -> Iterator[str]:
 
 
 def serve_workers(
-    tmp_path: Path, database_url: str, *args: str, **env: str
+    tmp_path: Path, database_url: str, *args: str, new_session: bool = False, **env: str
 ) -> tuple[ProcessServer, str]:
     """`undolog serve ARGS` with the worker header on; returns the server and its admin key."""
     org_id, key = f"org-{uuid.uuid4().hex[:12]}", f"ul_test_{uuid.uuid4().hex}"
@@ -59,6 +59,7 @@ def serve_workers(
         },
         port=port,
         log_path=str(tmp_path / "serve.log"),
+        new_session=new_session,
     )
     return server.start(timeout=DEADLINE), key
 
@@ -149,10 +150,14 @@ def test_workers_that_cannot_be_are_refused_before_anything_starts(
 
 @pytest.mark.postgres
 @pytest.mark.slow
-def test_three_workers_share_one_port_a_killed_one_is_replaced_and_sigterm_stops_all(
-    tmp_path: Path, database: str
+@pytest.mark.parametrize("stop", ["sigterm", "ctrl-c"])
+def test_three_workers_share_one_port_a_killed_one_is_replaced_and_a_stop_stops_all(
+    tmp_path: Path, database: str, stop: str
 ) -> None:
-    server, key = serve_workers(tmp_path, database, "--workers", "3")
+    # Ctrl-C in a shell sends SIGINT to the whole foreground process group: the supervisor
+    # and every worker at once (then the supervisor's SIGTERM too).
+    ctrl_c = stop == "ctrl-c"
+    server, key = serve_workers(tmp_path, database, "--workers", "3", new_session=ctrl_c)
     try:
         pids = see_workers(server.url, 3, key)  # the config's key works on every worker
         assert len(set(pids.values())) == 3
@@ -167,7 +172,10 @@ def test_three_workers_share_one_port_a_killed_one_is_replaced_and_sigterm_stops
         assert (replaced[0], replaced[2]) == (pids[0], pids[2])
         assert '"event": "worker_died"' in log_lines(tmp_path)
 
-        server.proc.send_signal(signal.SIGTERM)
+        if ctrl_c:
+            os.killpg(server.proc.pid, signal.SIGINT)
+        else:
+            server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=DEADLINE) == 0
         for pid in replaced.values():
             wait_until(lambda pid=pid: gone(pid), timeout=DEADLINE, what=f"worker {pid} to exit")

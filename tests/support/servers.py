@@ -125,6 +125,7 @@ class ProcessServer:
     health_path: str = "/health"
     proc: subprocess.Popen[bytes] | None = None
     log_path: str | None = None
+    new_session: bool = False  # its own process group, as a shell job gets (for Ctrl-C)
 
     @property
     def url(self) -> str:
@@ -140,10 +141,16 @@ class ProcessServer:
         if self.log_path:
             # The child gets its own copy of the descriptor; ours is closed at once.
             with open(self.log_path, "ab") as log:
-                self.proc = subprocess.Popen(self.args, env=env, stdout=log, stderr=log)
+                self.proc = subprocess.Popen(
+                    self.args, env=env, stdout=log, stderr=log, start_new_session=self.new_session
+                )
         else:
             self.proc = subprocess.Popen(
-                self.args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                self.args,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=self.new_session,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
