@@ -27,7 +27,13 @@ from tests.support.servers import ProcessServer, free_port, undolog_command, wai
 from undolog.config import Settings
 from undolog.store import open_store
 from undolog.store.postgres import PostgresStore
-from undolog.supervisor import MAX_WORKERS, SQLITE_ONE_PROCESS, WORKER_HEADER_ENV, worker_count
+from undolog.supervisor import (
+    MAX_WORKERS,
+    SQLITE_ONE_PROCESS,
+    WORKER_HEADER_ENV,
+    _worker_settings,
+    worker_count,
+)
 
 DEADLINE = 90.0  # a worker's start imports the whole server: 10-20 s on a loaded 2-core box
 
@@ -106,6 +112,13 @@ def test_the_default_is_one_worker_per_core_on_postgresql_and_one_on_sqlite() ->
     assert worker_count(Settings(database_url="sqlite:///x.db"), cores=4) == 1
     assert worker_count(Settings(database_url="postgresql://h/db", workers=3), cores=1) == 3
     assert worker_count(Settings(database_url="postgresql://h/db"), cores=500) == MAX_WORKERS
+
+
+def test_each_worker_gets_its_own_metrics_port_above_the_first() -> None:
+    settings = Settings(database_url="postgresql://h/db", metrics_port=9100)
+    ports = [_worker_settings(settings, i).metrics_port for i in range(3)]
+    assert ports == [9100, 9101, 9102]
+    assert _worker_settings(Settings(), 2).metrics_port is None
 
 
 @pytest.mark.postgres
