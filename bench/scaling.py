@@ -57,7 +57,9 @@ async def _start(
         [sys.executable, "-m", "undolog", "serve", "--workers", str(count),
          "--database-url", database_url, "--upstream-url", upstream_url, "--port", str(port),
          "--config", str(config), "--log-level", "warning",
-         "--metrics-token", bench.METRICS_TOKEN],
+         "--metrics-token", bench.METRICS_TOKEN,
+         # The configurations take turns: keep the idle one's connections open meanwhile.
+         "--keep-alive-timeout-seconds", "600"],
         workdir,
     )  # fmt: skip
     del os.environ[WORKER_HEADER_ENV]
