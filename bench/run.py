@@ -352,6 +352,8 @@ async def measure_store(
             "-m",
             "undolog",
             "serve",
+            "--workers",  # one process: its pid is the proxy's CPU (scaling.py runs more)
+            "1",
             "--database-url",
             database_url,
             "--upstream-url",
@@ -638,6 +640,7 @@ async def main(args: argparse.Namespace) -> int:
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
     timeout = aiohttp.ClientTimeout(total=60)
     results: dict[str, Any] = {}
+    scaling_rows: list[dict[str, Any]] = []
     admin: asyncpg.Connection | None = None
     pg_db: str | None = None
     upstream_port = free_port()
@@ -666,6 +669,15 @@ async def main(args: argparse.Namespace) -> int:
                     admin if store == "postgres" else None, pg_db if store == "postgres" else None,
                     Path(args.py_spy) if args.py_spy else None,
                 )  # fmt: skip
+            if args.workers:  # new calls/s with 1 and N proxy processes (bench/scaling.py)
+                import scaling
+
+                counts = [int(n) for n in args.workers.split(",")]
+                print(f"\n== PostgreSQL, --workers {args.workers}, {max(concurrencies)} callers")
+                scaling_rows = await scaling.measure_workers(
+                    counts, max(concurrencies), plan, upstream_url, upstream.pid, workdir, http,
+                    args.pg_admin_url,
+                )  # fmt: skip
     finally:
         upstream.stop()
         if admin is not None:
@@ -685,6 +697,13 @@ async def main(args: argparse.Namespace) -> int:
                 print(
                     f"  {store:<9} {_short(series):<40} mean {m['mean_ms']:7.3f} n={m['count']:.0f}"
                 )
+    if scaling_rows:
+        import scaling
+
+        verdicts += scaling.report_lines(scaling_rows)
+        print(
+            "\nWorkers (PostgreSQL, new calls):\n  " + "\n  ".join(verdicts[-len(scaling_rows) :])
+        )
     elapsed = time.perf_counter() - started
     report = {
         "mode": "quick" if args.quick else "full",
@@ -700,6 +719,7 @@ async def main(args: argparse.Namespace) -> int:
         },
         "elapsed_s": round(elapsed, 1),
         "rows": rows,
+        "workers_rows": scaling_rows,
         "ratios": ratio_rows,
         "targets": verdicts,
         "proxy_metrics_whole_run": {s: results[s]["metrics_means_whole_run"] for s in stores},
@@ -730,6 +750,12 @@ def parse_args() -> argparse.Namespace:
         "--pg-admin-url",
         default=os.environ.get("UNDOLOG_BENCH_PG_URL", DEFAULT_PG_ADMIN_URL),
         help="a database on the server where the bench database is created and dropped",
+    )
+    parser.add_argument(
+        "--workers",
+        default="",
+        help="comma-separated worker counts (e.g. 1,2): new calls/s on PostgreSQL with "
+        "`undolog serve --workers N` for each, at the largest --concurrency (bench/scaling.py)",
     )
     parser.add_argument("--py-spy", metavar="DIR", help="record the proxy with py-spy (raw)")
     parser.add_argument("--keep-workdir", action="store_true", help="keep logs and SQLite file")

@@ -100,6 +100,8 @@ def test_every_scalar_setting_has_an_env_var() -> None:
         "UNDOLOG_COMMIT_RETRY_ATTEMPTS": "8",
         "UNDOLOG_COMMIT_RETRY_BACKOFF_MS": "9",
         "UNDOLOG_LOG_LEVEL": "debug",
+        "UNDOLOG_WORKERS": "3",
+        "UNDOLOG_DB_POOL_SIZE": "11",
     }
     settings = load_settings({}, env)
     assert settings == Settings(
@@ -116,6 +118,8 @@ def test_every_scalar_setting_has_an_env_var() -> None:
         commit_retry_attempts=8,
         commit_retry_backoff_ms=9,
         log_level="debug",
+        workers=3,
+        db_pool_size=11,
     )
 
 
@@ -453,6 +457,7 @@ def test_connection_caps_default_to_the_named_constants() -> None:
         "UNDOLOG_KEEP_ALIVE_TIMEOUT_SECONDS",
         "UNDOLOG_MAX_CONNECTIONS",
         "UNDOLOG_READY_TIMEOUT_SECONDS",
+        "UNDOLOG_DB_POOL_SIZE",
     ],
 )
 def test_a_connection_cap_of_zero_is_a_value_error(name: str) -> None:

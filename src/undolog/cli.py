@@ -16,6 +16,8 @@ import typer
 
 import undolog
 from undolog.config import DEFAULT_HOST, Settings, load_settings
+from undolog.loop import run_on_uvloop
+from undolog.supervisor import StartFailed, worker_count
 from undolog_sdk.errors import UndoLogError
 from undolog_sdk.wire import SessionState
 
@@ -45,15 +47,9 @@ def _root(
     """UndoLog: exactly-once, undoable, gated tool calls."""
 
 
-def _run(main: Coroutine[Any, Any, None]) -> None:
+def _run(main: Coroutine[Any, Any, Any]) -> Any:
     """Run a server coroutine on uvloop when it is installed (as uvicorn itself would)."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
-        asyncio.run(main)
-        return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main)
+    return run_on_uvloop(main)
 
 
 def _settings(**flags: Any) -> Settings:
@@ -82,6 +78,9 @@ def serve(
     lease_seconds: float = typer.Option(None, help="Execution lease before a call is in doubt"),
     lock_max_attempts: int = typer.Option(None, help="Advisory lock attempts (PostgreSQL)"),
     lock_retry_ms: int = typer.Option(None, help="Delay between advisory lock attempts"),
+    db_pool_size: int = typer.Option(
+        None, help="PostgreSQL connections per process, at most (default 20; docs/deploy.md)"
+    ),
     max_body_bytes: int = typer.Option(None, help="Largest request body accepted"),
     retry_after_seconds: int = typer.Option(None, help="retry_after hint for waiting calls"),
     approval_sweep_seconds: float = typer.Option(
@@ -121,6 +120,11 @@ def serve(
         None, help="Where results that could not be committed are kept (env UNDOLOG_SPOOL_DIR)"
     ),
     log_level: str = typer.Option(None, help="debug, info, warning, error"),
+    workers: int = typer.Option(
+        None,
+        help="Processes serving the port (env UNDOLOG_WORKERS; default: one per core on "
+        "PostgreSQL, 1 on SQLite, which allows no more); see docs/deploy.md",
+    ),
     ui_secret: str = typer.Option(
         None,
         help="Secret that signs dashboard sessions (env UNDOLOG_UI_SECRET; "
@@ -162,6 +166,11 @@ def serve(
         demo_secret = secrets.token_urlsafe(32)
         flags["upstream_secret"] = demo_secret
     settings = _settings(**flags)
+    try:
+        count = worker_count(settings)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     # Every problem the config can be checked for is found before anything is written (no
     # demo key, no org, no tool): one line, exit 2.
     from undolog.preflight import StartProblem, check_start
@@ -174,12 +183,24 @@ def serve(
         raise typer.Exit(2) from None
     if not demo and not settings.orgs:
         typer.echo(NO_ORG_HINT, err=True)
-    _run(_serve(settings, demo=demo, demo_tools_port=demo_tools_port, demo_secret=demo_secret))
+    code = _run(
+        _serve(settings, demo=demo, demo_tools_port=demo_tools_port, demo_secret=demo_secret,
+               workers=count)
+    )  # fmt: skip
+    if code:
+        raise typer.Exit(code)
 
 
 async def _serve(
-    settings: Settings, *, demo: bool, demo_tools_port: int, demo_secret: str | None = None
-) -> None:
+    settings: Settings,
+    *,
+    demo: bool,
+    demo_tools_port: int,
+    demo_secret: str | None = None,
+    workers: int = 1,
+) -> int:
+    """Serve until stopped (in this process, or as the supervisor of `workers` processes);
+    returns the exit code."""
     from undolog.logs import configure_logging
     from undolog.proxy import create_app
     from undolog.proxy.server import build_server
@@ -197,9 +218,17 @@ async def _serve(
         tasks.append(
             asyncio.create_task(run_demo_tools(DEFAULT_HOST, demo_tools_port, secret=demo_secret))
         )
-    server = build_server(create_app(settings), settings)
     try:
-        await server.serve()
+        if workers > 1:
+            from undolog.supervisor import supervise
+
+            try:
+                return await supervise(settings, workers)
+            except StartFailed as exc:
+                typer.echo(f"error: cannot start: {exc}", err=True)
+                return 1
+        await build_server(create_app(settings), settings).serve()
+        return 0
     finally:
         for task in tasks:
             task.cancel()

@@ -38,6 +38,7 @@ DEFAULT_UPSTREAM_URL = "http://127.0.0.1:8090"
 DEFAULT_LEASE_SECONDS = 60.0
 DEFAULT_LOCK_MAX_ATTEMPTS = 100
 DEFAULT_LOCK_RETRY_MS = 10
+DEFAULT_DB_POOL_SIZE = 20  # PostgreSQL connections per process, LISTEN's not counted
 DEFAULT_MAX_BODY_BYTES = 1_048_576
 DEFAULT_UPSTREAM_TIMEOUT_SECONDS = 30.0
 DEFAULT_APPROVAL_TIMEOUT_SECONDS = 3600
@@ -132,6 +133,7 @@ class Settings:
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     lock_max_attempts: int = DEFAULT_LOCK_MAX_ATTEMPTS
     lock_retry_ms: int = DEFAULT_LOCK_RETRY_MS
+    db_pool_size: int = DEFAULT_DB_POOL_SIZE
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     retry_after_seconds: int = DEFAULT_RETRY_AFTER_SECONDS
     approval_sweep_seconds: float = DEFAULT_APPROVAL_SWEEP_SECONDS
@@ -147,6 +149,7 @@ class Settings:
     retention_batch_size: int = DEFAULT_RETENTION_BATCH_SIZE
     spool_dir: str = DEFAULT_SPOOL_DIR  # held results that could not be committed, for operators
     log_level: str = "info"
+    workers: int | None = None  # processes on one port; None: one per core on PostgreSQL, else 1
     ui_secret: str | None = None  # signs dashboard session cookies; None: random per process
     # /metrics on the main port needs `Authorization: Bearer <metrics_token>`; without a token
     # it is not served there. `metrics_port` opens a second listener (no auth: bind it to a
@@ -183,6 +186,7 @@ _POSITIVE_FIELDS = (
     "max_connections",
     "ready_timeout_seconds",
     "retention_sweep_seconds",
+    "db_pool_size",
 )
 
 _TOP_LEVEL_KEYS = frozenset({"server", "orgs", "tools", "upstreams", "mcp"})

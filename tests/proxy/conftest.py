@@ -204,11 +204,26 @@ def write_org_config(
 ) -> Path:
     """A TOML config declaring one org with one admin key (stored as its SHA-256), and
     optionally its approval timeout policy."""
+    text = org_toml(org_id, api_key, approval_timeout_seconds=approval_timeout_seconds,
+                    auto_approve_on_timeout=auto_approve_on_timeout)  # fmt: skip
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def org_toml(
+    org_id: str,
+    api_key: str,
+    *,
+    approval_timeout_seconds: int | None = None,
+    auto_approve_on_timeout: bool | None = None,
+) -> str:
+    """The `[[orgs]]` table of one org with one admin key (see `write_org_config`)."""
     text = f'[[orgs]]\nid = "{org_id}"\n'
     if approval_timeout_seconds is not None:
         text += f"approval_timeout_seconds = {approval_timeout_seconds}\n"
     if auto_approve_on_timeout is not None:
         text += f"auto_approve_on_timeout = {str(auto_approve_on_timeout).lower()}\n"
-    text += f'[[orgs.keys]]\nname = "admin"\nrole = "admin"\nsha256 = "{hash_api_key(api_key)}"\n'
-    path.write_text(text, encoding="utf-8")
-    return path
+    return (
+        text
+        + f'[[orgs.keys]]\nname = "admin"\nrole = "admin"\nsha256 = "{hash_api_key(api_key)}"\n'
+    )

@@ -125,6 +125,7 @@ class ProcessServer:
     health_path: str = "/health"
     proc: subprocess.Popen[bytes] | None = None
     log_path: str | None = None
+    new_session: bool = False  # its own process group, as a shell job gets (for Ctrl-C)
 
     @property
     def url(self) -> str:
@@ -133,14 +134,23 @@ class ProcessServer:
     def start(self, timeout: float = 90.0) -> ProcessServer:
         # Generous: a cold `python -m undolog serve` takes 10-20 s on a loaded 2-core machine.
         # It returns as soon as the server answers; the deadline only bounds a hang.
-        env = {**os.environ, **self.env}
+        # One process unless the test asks for more (`undolog serve` defaults to one worker
+        # per core on PostgreSQL): a kill -9 or a crash point must end the server, not a
+        # worker that its supervisor would start again.
+        env = {"UNDOLOG_WORKERS": "1", **os.environ, **self.env}
         if self.log_path:
             # The child gets its own copy of the descriptor; ours is closed at once.
             with open(self.log_path, "ab") as log:
-                self.proc = subprocess.Popen(self.args, env=env, stdout=log, stderr=log)
+                self.proc = subprocess.Popen(
+                    self.args, env=env, stdout=log, stderr=log, start_new_session=self.new_session
+                )
         else:
             self.proc = subprocess.Popen(
-                self.args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                self.args,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=self.new_session,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

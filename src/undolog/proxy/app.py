@@ -71,15 +71,16 @@ _TOOL_CALL_BODY = {
 _STATUS_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
 
 
-def create_app(settings: Settings) -> Any:
-    """The proxy as an ASGI app; the store opens in the lifespan."""
+def create_app(settings: Settings, *, prepared: bool = False) -> Any:
+    """The proxy as an ASGI app; the store opens in the lifespan. `prepared`: the store is
+    already migrated and seeded (by the supervisor of `undolog serve --workers N`)."""
     metrics_holder: dict[str, Runtime] = {}
     metrics = ProxyMetrics.create()
     gateway = McpGateway(settings.mcp, timeout_seconds=settings.upstream_timeout_seconds)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = await open_runtime(settings, metrics)
+        runtime = await open_runtime(settings, metrics, prepare=not prepared)
         metrics_holder["runtime"] = runtime
         app.state.runtime = runtime
         listener: MetricsListener | None = None

@@ -27,7 +27,14 @@ from undolog.store import Store, open_store
 from undolog.upstreams import UpstreamRegistry
 from undolog_sdk.tier import ToolTier
 
-__all__ = ["Runtime", "config_key_grants", "open_runtime", "unknown_tool_org", "upstream_registry"]
+__all__ = [
+    "Runtime",
+    "config_key_grants",
+    "open_runtime",
+    "prepare_store",
+    "unknown_tool_org",
+    "upstream_registry",
+]
 
 
 @dataclass
@@ -97,46 +104,61 @@ async def unknown_tool_org(
     return None
 
 
-async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) -> Runtime:
-    """Open the store (migrating it), seed the configured orgs and tools, open the executor."""
+async def prepare_store(store: Store, settings: Settings) -> None:
+    """Migrate the store and seed the configured orgs, keys and tools.
+
+    Done once per start: by `open_runtime` in a single process, by the supervisor before it
+    starts its workers (`undolog serve --workers N`), so N processes never race to do it.
+    """
+    await store.migrate()
+    problem = await unknown_tool_org(store, settings)
+    if problem:
+        raise ValueError(problem)
+    engine = Engine(store)
+    for org in settings.orgs:
+        await engine.ensure_org(
+            org.org_id,
+            name=org.name,
+            approval_timeout_s=org.approval_timeout_seconds,
+            auto_approve_on_timeout=org.auto_approve_on_timeout,
+            retention_days=org.retention_days,
+        )
+    # The config is the source of truth for its keys: listed ones are stored (moved to the
+    # org that lists them now), the others revoked.
+    await Keys(store).sync_config(config_key_grants(settings))
+    for tool in settings.tools:
+        await engine.register_tool(
+            tool.org_id,
+            tool.name,
+            tier=ToolTier(tool.tier).value,
+            version=tool.version,
+            compensation=dict(tool.compensation) if tool.compensation else None,
+            idempotent_upstream=tool.idempotent_upstream,
+            upstream=tool.upstream,
+        )
+
+
+async def open_runtime(
+    settings: Settings, metrics: ProxyMetrics | None = None, *, prepare: bool = True
+) -> Runtime:
+    """Open the store, prepare it (`prepare_store`; skipped with `prepare=False`, when a
+    supervisor has done it for its workers) and open the executor."""
     upstreams = upstream_registry(settings)
     store = await open_store(
         settings.database_url,
         lock_max_attempts=settings.lock_max_attempts,
         lock_retry_ms=settings.lock_retry_ms,
+        pool_size=settings.db_pool_size,
     )
     try:
-        await store.migrate()
-        problem = await unknown_tool_org(store, settings)
-        if problem:
-            raise ValueError(problem)
+        if prepare:
+            await prepare_store(store, settings)
         engine = Engine(
             store,
             lease_seconds=settings.lease_seconds,
             retry_after_seconds=settings.retry_after_seconds,
         )
-        for org in settings.orgs:
-            await engine.ensure_org(
-                org.org_id,
-                name=org.name,
-                approval_timeout_s=org.approval_timeout_seconds,
-                auto_approve_on_timeout=org.auto_approve_on_timeout,
-                retention_days=org.retention_days,
-            )
         keys = Keys(store)
-        # The config is the source of truth for its keys: listed ones are stored (moved to
-        # the org that lists them now), the others revoked.
-        await keys.sync_config(config_key_grants(settings))
-        for tool in settings.tools:
-            await engine.register_tool(
-                tool.org_id,
-                tool.name,
-                tier=ToolTier(tool.tier).value,
-                version=tool.version,
-                compensation=dict(tool.compensation) if tool.compensation else None,
-                idempotent_upstream=tool.idempotent_upstream,
-                upstream=tool.upstream,
-            )
         executor = ToolExecutor(upstreams, timeout_seconds=settings.upstream_timeout_seconds)
         await executor.open()
     except BaseException:
