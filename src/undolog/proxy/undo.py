@@ -193,7 +193,11 @@ async def fail_entry(entry: str, request: Request) -> Response:
         token, data = await _claim_token(request)
         # Scrubbed, not refused: a failure report must not be lost over one character.
         error = scrubbed(_text(data, "error"))
-        return await runtime.saga.fail_attempt(org_id, entry, error, token)
+        try:
+            return await runtime.saga.fail_attempt(org_id, entry, error, token)
+        except CompensationFailed:  # the last attempt: the entry needs a person
+            runtime.metrics.health.compensations_failed.labels("exhausted").inc()
+            raise
 
     return await _entry_answer(request, fail)
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from undolog.services.health import HealthMetrics
+
 __all__ = ["ProxyMetrics"]
 
 _LATENCY_BUCKETS = (
@@ -31,6 +33,7 @@ class ProxyMetrics:
     approval_decision_duration: Histogram
     effects_in_doubt: Counter
     held_results: Counter
+    health: HealthMetrics  # saga health: services/health.py
 
     @classmethod
     def create(cls) -> ProxyMetrics:
@@ -115,6 +118,7 @@ class ProxyMetrics:
                 ["outcome"],
                 registry=r,
             ),
+            health=HealthMetrics.create(r),
         )
 
     def render(self) -> bytes:

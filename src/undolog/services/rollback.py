@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import TYPE_CHECKING
 
 from undolog.engine.saga import Claim, RollbackStatus
@@ -72,6 +73,20 @@ async def _call_compensation(
 async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | None:
     """Run one claimed compensation with its retries; None on success, else the last error.
 
+    Timed into `undolog_proxy_compensation_duration_seconds` (docs/observability.md).
+    """
+    started = time.perf_counter()
+    error = await _attempts(runtime, claim, request_id)
+    result = "compensated" if error is None else "failed"
+    runtime.metrics.health.compensation_duration.labels(result).observe(
+        time.perf_counter() - started
+    )
+    return error
+
+
+async def _attempts(runtime: Runtime, claim: Claim, request_id: str) -> str | None:
+    """The attempts of `_run_claim`; None on success, else the last error.
+
     It goes through the same executor path as a forward call: same upstream, org header signed.
     A compensation whose outcome is unknown (a timeout, a connection lost after sending, an
     answer that is no ToolResult) is tried again only when it is declared idempotent;
@@ -100,6 +115,7 @@ async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | N
                         claim.token,
                     )
                 except CompensationFailed:
+                    runtime.metrics.health.compensations_failed.labels("unknown").inc()
                     return error
         crash_point("mid_rollback")
         if error is None:
@@ -108,6 +124,7 @@ async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | N
         try:
             await runtime.saga.fail_attempt(entry.org_id, entry.entry_id, error, claim.token)
         except CompensationFailed:
+            runtime.metrics.health.compensations_failed.labels("exhausted").inc()
             return error
     return error  # pragma: no cover - fail_attempt raises on the last attempt
 
