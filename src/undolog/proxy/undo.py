@@ -21,6 +21,7 @@ from undolog.proxy.inputs import scrubbed, storable
 from undolog.proxy.owners import Owned, hide_unowned
 from undolog.proxy.wire import error_body, json_response, undo_entry_json
 from undolog.services.rollback import run_rollback
+from undolog.services.tracing import TRACEPARENT, traceparent_of
 from undolog.store.records import UndoEntryRecord
 from undolog_sdk.errors import (
     CompensationFailed,
@@ -68,7 +69,8 @@ async def rollback_session(id: str, request: Request) -> Response:
     org_id: str = request.state.org_id
     request_id: str = request.state.request_id
     await hide_unowned(request, Owned.SESSION, id)
-    status, error = await run_rollback(runtime, org_id, id, request_id)
+    traceparent = traceparent_of(request.headers.get(TRACEPARENT))
+    status, error = await run_rollback(runtime, org_id, id, request_id, traceparent)
     body = await _rollback_body(runtime, org_id, id)
     body["outcome"] = status.value
     if status is RollbackStatus.EMPTY:
