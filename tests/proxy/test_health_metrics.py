@@ -12,9 +12,9 @@ import uuid
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.proxy.conftest import METRICS_AUTH, ProxyHarness
+from tests.proxy.conftest import ProxyHarness
+from tests.proxy.test_events import metric as metric_at
 from tests.proxy.test_rollback import EMAIL, TRANSFER, call, on_store, register, rollback
 from tests.support.servers import wait_until
 from undolog.engine.model import now_us
@@ -29,12 +29,7 @@ FAILED = "undolog_proxy_compensations_failed_total"
 
 
 def metric(proxy: ProxyHarness, name: str, **labels: str) -> float:
-    text = httpx.get(f"{proxy.url}/metrics", headers=METRICS_AUTH, timeout=10).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and dict(sample.labels) == labels:
-                return float(sample.value)
-    return 0.0
+    return metric_at(proxy.url, name, **labels)
 
 
 def drop_db(session_id: str, step: int = 1) -> dict[str, Any]:
