@@ -3,8 +3,8 @@
 
 Without `opentelemetry-api` every function here does nothing, so the server runs without it.
 With it, spans go to the global tracer provider: none is configured here (an app that sets one
-up, or `opentelemetry-instrument`, decides where they go); until one is, the API's spans are
-non-recording and cost little.
+up, or `opentelemetry-instrument`, decides where they go); until one is, no span is made, and
+the caller's trace context passes through to the upstream as it came.
 
 What is traced: a call (`undolog.call`, with `undolog.intercept`, `undolog.upstream` and
 `undolog.commit` — or `undolog.fail` / `undolog.mark_in_doubt` — as its children) and a
@@ -77,8 +77,10 @@ def caller_context(traceparent: str | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def span(name: str, **attributes: Any) -> Iterator[Any]:
-    """A span named `name` (a child of the current one); None when tracing is off."""
-    if not HAVE_OTEL:
+    """A span named `name` (a child of the current one); None when tracing is off: no
+    OpenTelemetry, or no tracer provider set (a span would record nothing; the four of a
+    call cost ~0.06 ms of CPU on the bench machine, and ~0.02 ms when skipped here)."""
+    if not HAVE_OTEL or isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         yield None
         return
     tracer = trace.get_tracer(TRACER_NAME)
