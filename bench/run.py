@@ -615,6 +615,11 @@ def _short(series: str) -> str:
 
 
 async def main(args: argparse.Namespace) -> int:
+    # SIGTERM (a `timeout`, a CI limit) cancels the run, so that the `finally` below stops the
+    # servers and drops the bench's databases (UndoLog's and the anchor's).
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     plan = QUICK if args.quick else FULL
     if args.rounds:
         plan = Plan(args.rounds, plan.calls, plan.warmup)
