@@ -43,6 +43,15 @@ from typing import Any
 import aiohttp
 import asyncpg
 import orjson
+from anchor import (
+    ANCHOR,
+    Anchor,
+    anchor_missing_row,
+    anchor_ratios,
+    print_anchor,
+    start_anchor,
+)
+from targets import check_targets
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "latest.json"
@@ -52,11 +61,6 @@ METRICS_TOKEN = "bench_metrics_" + uuid.uuid4().hex  # /metrics on the main port
 ORG = "bench"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DEFAULT_PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
-
-# Targets from the issue (point 9, "Where to aim").
-TARGET_ADDED_P50_MS = 2.0
-TARGET_NEW_PER_S = 1000.0
-TARGET_REPLAY_FACTOR = 2.0
 
 
 @dataclass(frozen=True)
@@ -208,6 +212,10 @@ class Caller:
             }
         )
 
+    def anchor_call(self) -> bytes:
+        self.step += 1
+        return orjson.dumps({"args": {"text": "hello", "n": self.step}, "call_id": uuid.uuid4()})
+
     def replay_call(self) -> bytes:
         body = self.committed[self.replay_at % len(self.committed)]
         self.replay_at += 1
@@ -227,10 +235,13 @@ class Tally:
 
 
 class Bench:
-    def __init__(self, http: aiohttp.ClientSession, upstream: str, proxy: str) -> None:
+    def __init__(
+        self, http: aiohttp.ClientSession, upstream: str, proxy: str, anchor: str | None
+    ) -> None:
         self.http = http
         self.upstream = upstream
         self.proxy = proxy
+        self.anchor = anchor
         self.proxy_headers = {"X-Api-Key": API_KEY, "Content-Type": "application/json"}
         self.direct_headers = {"Content-Type": "application/json"}
 
@@ -243,6 +254,13 @@ class Bench:
                 url, body, headers, expect = (
                     self.upstream + "/tools/echo",
                     caller.direct_call(),
+                    self.direct_headers,
+                    b'"success":true',
+                )
+            elif scenario == ANCHOR:
+                url, body, headers, expect = (
+                    f"{self.anchor}/echo",
+                    caller.anchor_call(),
                     self.direct_headers,
                     b'"success":true',
                 )
@@ -296,10 +314,11 @@ class Bench:
             return parse_histograms(await response.text())
 
 
-async def postgres_backend_pids(admin: asyncpg.Connection | None, db: str | None) -> list[int]:
-    if admin is None or db is None:
+async def postgres_backend_pids(admin: asyncpg.Connection | None, dbs: list[str]) -> list[int]:
+    """The backends connected to the bench's databases (UndoLog's and the anchor's)."""
+    if admin is None or not dbs:
         return []
-    rows = await admin.fetch("SELECT pid FROM pg_stat_activity WHERE datname = $1", db)
+    rows = await admin.fetch("SELECT pid FROM pg_stat_activity WHERE datname = ANY($1)", dbs)
     return [int(r["pid"]) for r in rows]
 
 
@@ -338,7 +357,11 @@ async def measure_store(
     admin: asyncpg.Connection | None,
     pg_db: str | None,
     py_spy: Path | None,
+    anchor: Anchor | None,
 ) -> dict[str, Any]:
+    running = anchor is not None and anchor.url is not None
+    scenarios = (*SCENARIOS, ANCHOR) if running else SCENARIOS
+    dbs = [d for d in (pg_db, anchor.db if anchor else None) if d]
     config = workdir / f"org-{store}.toml"
     config.write_text(
         f'[[orgs]]\nid = "{ORG}"\n[[orgs.keys]]\nname = "bench"\nrole = "admin"\n'
@@ -380,32 +403,35 @@ async def measure_store(
         ) as response:
             if response.status != 200:
                 raise RuntimeError(f"PUT /tools/echo: {response.status} {await response.text()}")
-        bench = Bench(http, upstream_url, proxy_url)
+        bench = Bench(http, upstream_url, proxy_url, anchor.url if anchor else None)
         tallies: dict[tuple[int, str], Tally] = {}
         print(f"\n== {store}: proxy pid {proxy.pid}, uvloop in proxy: {uses_uvloop(proxy.pid)}")
         for concurrency in concurrencies:
             callers = [Caller() for _ in range(concurrency)]
             # Warm-up (connections, pools, caches); it also commits calls for the replays.
-            for scenario in SCENARIOS:
+            for scenario in scenarios:
                 await bench.chunk(scenario, callers, plan.warmup[concurrency], None)
             if py_spy is not None and spy is None:
                 spy = start_py_spy(proxy.pid, py_spy / f"proxy-{store}.txt", workdir)
-            for scenario in SCENARIOS:
+            for scenario in scenarios:
                 tallies[(concurrency, scenario)] = Tally()
             for r in range(plan.rounds):
-                order = SCENARIOS[r % 3 :] + SCENARIOS[: r % 3]
+                k = r % len(scenarios)
+                order = scenarios[k:] + scenarios[:k]
                 for scenario in order:
                     tally = tallies[(concurrency, scenario)]
                     pids = {
                         "loadgen": [os.getpid()],
                         "upstream": [upstream_pid],
                         "proxy": [proxy.pid],
-                        "postgres": await postgres_backend_pids(admin, pg_db),
+                        "postgres": await postgres_backend_pids(admin, dbs),
                     }
+                    if anchor is not None and anchor.pid is not None:
+                        pids[ANCHOR] = [anchor.pid]
                     metrics_before = await bench.scrape()
                     cpu_before = cpu_snapshot(pids)
                     await bench.chunk(scenario, callers, plan.calls[concurrency], tally)
-                    pids["postgres"] = await postgres_backend_pids(admin, pg_db)
+                    pids["postgres"] = await postgres_backend_pids(admin, dbs)
                     delta = cpu_delta(cpu_before, cpu_snapshot(pids))
                     machine = delta.pop("machine")[0]
                     for name, (ticks, kernel) in delta.items():
@@ -417,16 +443,19 @@ async def measure_store(
                     metrics_after = await bench.scrape()
                     for key, value in metrics_after.items():
                         tally.histograms[key] += value - metrics_before.get(key, 0.0)
-            for scenario in SCENARIOS:
+            for scenario in scenarios:
                 row = summarise(store, concurrency, scenario, tallies[(concurrency, scenario)])
                 print(format_row(row), flush=True)
+            if anchor is not None and not running:
+                print(anchor_missing_row(store, concurrency, anchor.reason), flush=True)
         if spy is not None:
             stop_child(spy)
         totals = await bench.scrape()
         return {
             "rows": [
-                summarise(store, c, s, tallies[(c, s)]) for c in concurrencies for s in SCENARIOS
+                summarise(store, c, s, tallies[(c, s)]) for c in concurrencies for s in scenarios
             ],
+            "anchor": None if anchor is None else {"running": running, "reason": anchor.reason},
             "metrics_means_whole_run": histogram_means(totals),
             "proxy_uvloop": uses_uvloop(proxy.pid),
         }
@@ -533,15 +562,22 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "new_over_replay_p50": round(new["p50_ms"] / replay["p50_ms"], 2),
                 "replay_over_new_throughput": round(replay["calls_per_s"] / new["calls_per_s"], 2),
                 "direct_over_new_throughput": round(direct["calls_per_s"] / new["calls_per_s"], 1),
+                **anchor_ratios(direct, new, by.get((store, concurrency, ANCHOR))),
             }
         )
     return out
 
 
-def print_report(rows: list[dict[str, Any]], ratio_rows: list[dict[str, Any]]) -> list[str]:
+def print_report(
+    rows: list[dict[str, Any]], ratio_rows: list[dict[str, Any]], anchors: dict[str, Any]
+) -> list[str]:
     print("\n" + HEADER)
     for row in rows:
         print(format_row(row))
+    for store, anchor in anchors.items():
+        if not anchor["running"]:
+            for c in sorted({r["concurrency"] for r in rows if r["store"] == store}):
+                print(anchor_missing_row(store, c, anchor["reason"]))
     print(
         f"\n{'store':<9}{'conc':>4}  {'added p50 ms':>12}{'new/direct thr':>16}"
         f"{'new/replay p50':>16}{'replay/new thr':>16}{'direct/new thr':>16}"
@@ -552,9 +588,10 @@ def print_report(rows: list[dict[str, Any]], ratio_rows: list[dict[str, Any]]) -
             f"{r['new_over_direct_throughput']:>16.3f}{r['new_over_replay_p50']:>16.2f}"
             f"{r['replay_over_new_throughput']:>16.2f}{r['direct_over_new_throughput']:>16.1f}"
         )
+    print_anchor(ratio_rows, anchors)
     print("\nWhere the proxy's time goes (means of its histograms over each scenario, ms):")
     for row in rows:
-        if row["scenario"] == "direct":
+        if row["scenario"] in ("direct", ANCHOR):
             continue
         means = row["proxy_histogram_means"]
         parts = [
@@ -576,59 +613,15 @@ def _short(series: str) -> str:
     return re.sub(r'\{(?:\w+)="([^"]*)"\}', r"[\1]", series).replace("/mcp/tool_call", "tool_call")
 
 
-def check_targets(rows: list[dict[str, Any]], ratio_rows: list[dict[str, Any]]) -> list[str]:
-    by = {(r["store"], r["concurrency"], r["scenario"]): r for r in rows}
-    lines = []
-
-    def verdict(ok: bool) -> str:
-        return "PASS" if ok else "MISS"
-
-    for r in ratio_rows:
-        store, c = r["store"], r["concurrency"]
-        if c == 1:
-            added = r["added_p50_ms"]
-            lines.append(
-                f"{verdict(added <= TARGET_ADDED_P50_MS)} {store}: added p50 {added:.2f} ms "
-                f"(target <= {TARGET_ADDED_P50_MS} ms"
-                + (f", over by {added - TARGET_ADDED_P50_MS:.2f} ms)" if added > 2 else ")")
-            )
-        if c == 32:
-            new = by[(store, c, "new")]["calls_per_s"]
-            lines.append(
-                f"{verdict(new >= TARGET_NEW_PER_S)} {store}: {new:.0f} new calls/s at 32 "
-                f"sessions (target >= {TARGET_NEW_PER_S:.0f}"
-                + (f", {new / TARGET_NEW_PER_S:.0%} of it)" if new < TARGET_NEW_PER_S else ")")
-            )
-            direct = by[(store, c, "direct")]["calls_per_s"]
-            lines.append(
-                f"{verdict(direct >= 3 * new)} {store}: load generator not the bottleneck: "
-                f"direct {direct:.0f} calls/s = {direct / new:.1f}x the proxy's new calls"
-            )
-        replay_ok = r["new_over_replay_p50"] >= TARGET_REPLAY_FACTOR and (
-            c == 1 or r["replay_over_new_throughput"] >= TARGET_REPLAY_FACTOR
-        )
-        lines.append(
-            f"{verdict(replay_ok)} {store} c={c}: replay cheaper than a new call by "
-            f"{r['new_over_replay_p50']:.2f}x at p50, {r['replay_over_new_throughput']:.2f}x "
-            f"in calls/s (target >= {TARGET_REPLAY_FACTOR:.0f}x)"
-        )
-    others = [r["cpu_utilisation"].get("other", 0.0) for r in rows]
-    if others:
-        lines.append(
-            f"NOTE other processes + kernel used {sum(others) / len(others):.2f} of "
-            f"{os.cpu_count()} cores on average while measuring (max {max(others):.2f}); "
-            "on a shared machine that slows every scenario"
-        )
-    print("\nTargets:")
-    for line in lines:
-        print("  " + line)
-    return lines
-
-
 # -- main --------------------------------------------------------------------------------------
 
 
 async def main(args: argparse.Namespace) -> int:
+    # SIGTERM (a `timeout`, a CI limit) cancels the run, so that the `finally` below stops the
+    # servers and drops the bench's databases (UndoLog's and the anchor's).
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     plan = QUICK if args.quick else FULL
     if args.rounds:
         plan = Plan(args.rounds, plan.calls, plan.warmup)
@@ -643,6 +636,7 @@ async def main(args: argparse.Namespace) -> int:
     scaling_rows: list[dict[str, Any]] = []
     admin: asyncpg.Connection | None = None
     pg_db: str | None = None
+    anchor: Anchor | None = None
     upstream_port = free_port()
     upstream = Child(
         "upstream",
@@ -662,12 +656,22 @@ async def main(args: argparse.Namespace) -> int:
                     await admin.execute(f'CREATE DATABASE "{pg_db}"')
                     base = args.pg_admin_url.rsplit("/", 1)[0]
                     url = f"{base}/{pg_db}"
+                    anchor = Anchor(reason="left out (--no-anchor)")
+                    if not args.no_anchor:
+
+                        def spawn(name: str, argv: list[str]) -> Child:
+                            return Child(name, argv, workdir)
+
+                        anchor = await start_anchor(
+                            admin, args.pg_admin_url, upstream_url, http, spawn, free_port()
+                        )
                 else:
                     raise SystemExit(f"unknown store {store!r}: expected sqlite or postgres")
                 results[store] = await measure_store(
                     store, url, plan, concurrencies, upstream_url, upstream.pid, workdir, http,
                     admin if store == "postgres" else None, pg_db if store == "postgres" else None,
                     Path(args.py_spy) if args.py_spy else None,
+                    anchor if store == "postgres" else None,
                 )  # fmt: skip
             if args.workers:  # new calls/s with 1 and N proxy processes (bench/scaling.py)
                 import scaling
@@ -680,7 +684,11 @@ async def main(args: argparse.Namespace) -> int:
                 )  # fmt: skip
     finally:
         upstream.stop()
+        if anchor is not None and anchor.child is not None:
+            anchor.child.stop()
         if admin is not None:
+            if anchor is not None and anchor.db is not None:
+                await admin.execute(f'DROP DATABASE IF EXISTS "{anchor.db}" WITH (FORCE)')
             if pg_db is not None:
                 await admin.execute(f'DROP DATABASE IF EXISTS "{pg_db}" WITH (FORCE)')
             await admin.close()
@@ -688,7 +696,8 @@ async def main(args: argparse.Namespace) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     rows = [row for store in stores for row in results[store]["rows"]]
     ratio_rows = ratios(rows)
-    verdicts = print_report(rows, ratio_rows)
+    anchors = {s: results[s]["anchor"] for s in stores if results[s].get("anchor")}
+    verdicts = print_report(rows, ratio_rows, anchors)
     print("\nProxy histogram means over each whole store run (incl. warm-up), ms:")
     for store in stores:
         means = results[store]["metrics_means_whole_run"]
@@ -721,6 +730,7 @@ async def main(args: argparse.Namespace) -> int:
         "rows": rows,
         "workers_rows": scaling_rows,
         "ratios": ratio_rows,
+        "anchor": anchors,
         "targets": verdicts,
         "proxy_metrics_whole_run": {s: results[s]["metrics_means_whole_run"] for s in stores},
     }
@@ -756,6 +766,9 @@ def parse_args() -> argparse.Namespace:
         default="",
         help="comma-separated worker counts (e.g. 1,2): new calls/s on PostgreSQL with "
         "`undolog serve --workers N` for each, at the largest --concurrency (bench/scaling.py)",
+    )
+    parser.add_argument(
+        "--no-anchor", action="store_true", help="leave out the DBOS row (anchors' row)"
     )
     parser.add_argument("--py-spy", metavar="DIR", help="record the proxy with py-spy (raw)")
     parser.add_argument("--keep-workdir", action="store_true", help="keep logs and SQLite file")

@@ -86,6 +86,7 @@ from undolog.mcp.upstreams import GatewayTool, UpstreamPool
 from undolog.services.calls import Call, CallOutcome, CallStatus, refused, run_call
 from undolog.services.delivery import AnswerWatch, Delivery
 from undolog.services.executor import ToolTransportError
+from undolog.services.tracing import TRACEPARENT, traceparent_of
 from undolog_sdk.errors import (
     InvalidRequest,
     ToolError,
@@ -365,7 +366,14 @@ class McpGateway:
             log = runtime.log.bind(request_id=request_id, org_id=org_id, session_id=session_id)
             outcome = refused(exc, log)
         else:
-            call = Call(org_id, session_id, tool.name, args, actor=_actor(state))
+            call = Call(
+                org_id,
+                session_id,
+                tool.name,
+                args,
+                actor=_actor(state),
+                traceparent=self._traceparent(ctx, ctx.request),
+            )
             outcome = await run_call(runtime, call, request_id)
         answered = outcome.answered
         if answered is not None:
@@ -419,6 +427,15 @@ class McpGateway:
             url=url,
         )
         return InputRequiredResult(input_requests={APPROVAL_INPUT: ElicitRequest(params=ask)})
+
+    @staticmethod
+    def _traceparent(ctx: ServerRequestContext[Any], request: Any) -> str | None:
+        """The caller's W3C trace context: the HTTP header, else `_meta["traceparent"]`."""
+        value = request.headers.get(TRACEPARENT) if request is not None else None
+        if not value:
+            meta = ctx.meta or {}
+            value = meta.get(TRACEPARENT) if isinstance(meta, dict) else None
+        return traceparent_of(value)
 
     @staticmethod
     def _session_id(ctx: ServerRequestContext[Any], request: Any) -> str | None:

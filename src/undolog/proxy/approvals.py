@@ -119,6 +119,7 @@ async def _decide(request: Request, approval_id: str, verdict: Verdict) -> Respo
     if verdict is Verdict.APPROVE:
         body.update(await _run_approved(runtime, result, request_id))
     runtime.metrics.approval_decisions.labels(action, result.approval.status).inc()
+    runtime.metrics.health.observe_decision(result.approval)
     runtime.metrics.approval_decision_duration.labels(action).observe(time.perf_counter() - started)
     return json_response(body)
 

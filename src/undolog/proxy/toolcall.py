@@ -24,6 +24,7 @@ from undolog.proxy.wire import (
 )
 from undolog.services.calls import Call, CallOutcome, CallStatus, run_call
 from undolog.services.delivery import AnswerWatch, WatchedResponse
+from undolog.services.tracing import TRACEPARENT, traceparent_of
 from undolog_sdk.errors import InvalidRequest
 from undolog_sdk.wire import ExecutionMode
 
@@ -96,6 +97,7 @@ async def tool_call(request: Request) -> Response:
         tool_version=data.get("tool_version"),
         mode=mode,
         actor=actor(request),
+        traceparent=traceparent_of(request.headers.get(TRACEPARENT)),
     )
     if call.step_index is not None or mode != ExecutionMode.PROXY:
         outcome = await run_call(runtime, call, request_id)

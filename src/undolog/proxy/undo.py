@@ -21,6 +21,7 @@ from undolog.proxy.inputs import scrubbed, storable
 from undolog.proxy.owners import Owned, hide_unowned
 from undolog.proxy.wire import error_body, json_response, undo_entry_json
 from undolog.services.rollback import run_rollback
+from undolog.services.tracing import TRACEPARENT, traceparent_of
 from undolog.store.records import UndoEntryRecord
 from undolog_sdk.errors import (
     CompensationFailed,
@@ -68,7 +69,8 @@ async def rollback_session(id: str, request: Request) -> Response:
     org_id: str = request.state.org_id
     request_id: str = request.state.request_id
     await hide_unowned(request, Owned.SESSION, id)
-    status, error = await run_rollback(runtime, org_id, id, request_id)
+    traceparent = traceparent_of(request.headers.get(TRACEPARENT))
+    status, error = await run_rollback(runtime, org_id, id, request_id, traceparent)
     body = await _rollback_body(runtime, org_id, id)
     body["outcome"] = status.value
     if status is RollbackStatus.EMPTY:
@@ -193,7 +195,11 @@ async def fail_entry(entry: str, request: Request) -> Response:
         token, data = await _claim_token(request)
         # Scrubbed, not refused: a failure report must not be lost over one character.
         error = scrubbed(_text(data, "error"))
-        return await runtime.saga.fail_attempt(org_id, entry, error, token)
+        try:
+            return await runtime.saga.fail_attempt(org_id, entry, error, token)
+        except CompensationFailed:  # the last attempt: the entry needs a person
+            runtime.metrics.health.compensations_failed.labels("exhausted").inc()
+            raise
 
     return await _entry_answer(request, fail)
 

@@ -23,6 +23,7 @@ from undolog.engine.approvals import DecisionResult
 from undolog.engine.model import ORG_WIDE, Actor
 from undolog.engine.states import REPLAYABLE_STATES
 from undolog.faults import crash_point
+from undolog.services import tracing
 from undolog.services.executor import ToolTransportError, ToolUnreachable
 from undolog_sdk.errors import (
     AdvisoryLockTimeout,
@@ -71,6 +72,7 @@ class Call:
     tool_version: str | None = None
     mode: str = ExecutionMode.PROXY
     actor: Actor = ORG_WIDE  # whose key: an agent key uses its own sessions only
+    traceparent: str | None = None  # the caller's W3C trace context (services/tracing.py)
 
 
 class CallStatus(StrEnum):
@@ -123,11 +125,35 @@ def refused(exc: UndoLogError, log: Any) -> CallOutcome:
 
 async def run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcome:
     """Take one call through the engine and, in proxy mode, run it: the one path of a call
-    for REST and MCP alike.
+    for REST and MCP alike. Traced as `undolog.call` (docs/observability.md).
 
     A step-less call the proxy runs first waits for the delivery marks of its session's
     earlier answers (`undolog.services.delivery`), so that a repeat is not taken for a retry.
     """
+    with (
+        tracing.caller_context(call.traceparent),
+        tracing.span(
+            "undolog.call",
+            org=call.org_id,
+            session_id=call.session_id,
+            tool=call.tool_name,
+            step_index=call.step_index,
+            mode=str(call.mode),
+            request_id=request_id,
+        ) as span,
+    ):
+        outcome = await _run_call(runtime, call, request_id)
+        decision = outcome.decision
+        tracing.annotate(
+            span,
+            status=outcome.status.value,
+            effect_id=decision.effect_id if decision is not None else None,
+            error=outcome.error.code if outcome.error is not None else None,
+        )
+        return outcome
+
+
+async def _run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcome:
     log = runtime.log.bind(request_id=request_id, org_id=call.org_id, session_id=call.session_id)
     if call.step_index is None and call.mode == ExecutionMode.PROXY:
         await runtime.deliveries.settle(call.org_id, call.session_id)
@@ -169,9 +195,11 @@ async def run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcome
 
 
 async def _timed(runtime: Runtime, method: str, call: Callable[[], Awaitable[T]]) -> T:
+    """An engine call, timed (metrics) and traced (`undolog.<method>`)."""
     started = time.perf_counter()
     try:
-        return await call()
+        with tracing.span(f"undolog.{method}"):
+            return await call()
     except Exception:
         runtime.metrics.engine_rpc_errors.labels(method).inc()
         raise
@@ -236,15 +264,16 @@ async def _run_and_settle(
     started = time.perf_counter()
     crash_point("after_intent")
     try:
-        result = await runtime.executor.call(
-            decision.tool.name,
-            args,
-            session_id=session_id,
-            effect_id=effect_id,
-            request_id=request_id,
-            org_id=org_id,
-            upstream=decision.tool.upstream,
-        )
+        with tracing.span("undolog.upstream", tool=decision.tool.name, effect_id=effect_id):
+            result = await runtime.executor.call(
+                decision.tool.name,
+                args,
+                session_id=session_id,
+                effect_id=effect_id,
+                request_id=request_id,
+                org_id=org_id,
+                upstream=decision.tool.upstream,
+            )
     except ToolTransportError as exc:
         runtime.metrics.executor_duration.labels("error").observe(time.perf_counter() - started)
         message = str(exc)

@@ -21,6 +21,7 @@ import structlog
 import yarl
 
 from undolog.faults import crash_point
+from undolog.services import tracing
 from undolog.upstreams import UpstreamRegistry, signed_headers, tool_url
 
 __all__ = [
@@ -149,6 +150,7 @@ class ToolExecutor:
             "X-Request-Id": request_id,
             **signed_headers(target.secret, org_id, effect_id),
         }
+        tracing.inject(headers)  # the current span's traceparent (services/tracing.py)
         log = _log.bind(upstream=target.name, tool=tool_name, effect_id=effect_id)
         try:
             async with self._session.post(

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from undolog.services.health import HealthMetrics
+
 __all__ = ["ProxyMetrics"]
 
 _LATENCY_BUCKETS = (
@@ -32,6 +34,7 @@ class ProxyMetrics:
     effects_in_doubt: Counter
     held_results: Counter
     pruned_rows: Counter
+    health: HealthMetrics  # saga health: services/health.py
 
     @classmethod
     def create(cls) -> ProxyMetrics:
@@ -123,6 +126,7 @@ class ProxyMetrics:
                 ["table"],
                 registry=r,
             ),
+            health=HealthMetrics.create(r),
         )
 
     def render(self) -> bytes:

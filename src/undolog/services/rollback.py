@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import TYPE_CHECKING
 
 from undolog.engine.saga import Claim, RollbackStatus
 from undolog.faults import crash_point
+from undolog.services import tracing
 from undolog.services.executor import ToolResult, ToolTransportError, ToolUnreachable
 from undolog_sdk.errors import CompensationFailed, ToolNotRegistered, UndoLogError
 from undolog_sdk.wire import ExecutionMode
@@ -53,16 +55,17 @@ async def _call_compensation(
     entry = claim.entry
     renewer = asyncio.create_task(_renew_claim(runtime, claim))
     try:
-        return await runtime.executor.call(
-            entry.fn_name,
-            claim.payload,
-            session_id=entry.session_id,
-            effect_id=entry.effect_id,
-            request_id=request_id,
-            org_id=entry.org_id,
-            upstream=upstream,
-            idempotency_key=entry.entry_id,
-        )
+        with tracing.span("undolog.upstream", tool=entry.fn_name, entry_id=entry.entry_id):
+            return await runtime.executor.call(
+                entry.fn_name,
+                claim.payload,
+                session_id=entry.session_id,
+                effect_id=entry.effect_id,
+                request_id=request_id,
+                org_id=entry.org_id,
+                upstream=upstream,
+                idempotency_key=entry.entry_id,
+            )
     finally:
         renewer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -71,6 +74,29 @@ async def _call_compensation(
 
 async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | None:
     """Run one claimed compensation with its retries; None on success, else the last error.
+
+    Timed into `undolog_proxy_compensation_duration_seconds` and traced as
+    `undolog.compensation` (docs/observability.md).
+    """
+    started = time.perf_counter()
+    entry = claim.entry
+    with tracing.span(
+        "undolog.compensation",
+        entry_id=entry.entry_id,
+        effect_id=entry.effect_id,
+        fn_name=entry.fn_name,
+    ) as span:
+        error = await _attempts(runtime, claim, request_id)
+        result = "compensated" if error is None else "failed"
+        tracing.annotate(span, result=result)
+    runtime.metrics.health.compensation_duration.labels(result).observe(
+        time.perf_counter() - started
+    )
+    return error
+
+
+async def _attempts(runtime: Runtime, claim: Claim, request_id: str) -> str | None:
+    """The attempts of `_run_claim`; None on success, else the last error.
 
     It goes through the same executor path as a forward call: same upstream, org header signed.
     A compensation whose outcome is unknown (a timeout, a connection lost after sending, an
@@ -100,6 +126,7 @@ async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | N
                         claim.token,
                     )
                 except CompensationFailed:
+                    runtime.metrics.health.compensations_failed.labels("unknown").inc()
                     return error
         crash_point("mid_rollback")
         if error is None:
@@ -108,14 +135,36 @@ async def _run_claim(runtime: Runtime, claim: Claim, request_id: str) -> str | N
         try:
             await runtime.saga.fail_attempt(entry.org_id, entry.entry_id, error, claim.token)
         except CompensationFailed:
+            runtime.metrics.health.compensations_failed.labels("exhausted").inc()
             return error
     return error  # pragma: no cover - fail_attempt raises on the last attempt
 
 
 async def run_rollback(
+    runtime: Runtime,
+    org_id: str,
+    session_id: str,
+    request_id: str,
+    traceparent: str | None = None,
+) -> tuple[RollbackStatus, str | None]:
+    """Unwind as far as this runner can; returns where the rollback stands.
+
+    Traced as `undolog.rollback`, a child of the caller's `traceparent` if any.
+    """
+    with (
+        tracing.caller_context(traceparent),
+        tracing.span(
+            "undolog.rollback", org=org_id, session_id=session_id, request_id=request_id
+        ) as span,
+    ):
+        status, error = await _unwind(runtime, org_id, session_id, request_id)
+        tracing.annotate(span, outcome=status.value)
+        return status, error
+
+
+async def _unwind(
     runtime: Runtime, org_id: str, session_id: str, request_id: str
 ) -> tuple[RollbackStatus, str | None]:
-    """Unwind as far as this runner can; returns where the rollback stands."""
     await runtime.saga.begin(org_id, session_id)
     while True:
         claimed = await runtime.saga.claim(org_id, session_id, ExecutionMode.PROXY)

@@ -41,8 +41,15 @@ async def sweep_approvals_forever(runtime: Runtime, interval_seconds: float) -> 
         except Exception:
             runtime.log.exception("approval_sweep_failed")
             results = []
+        try:  # the saga-health gauges: store-wide, read each round (services/health.py)
+            await runtime.metrics.health.refresh(runtime.store)
+        except UndoLogError as exc:
+            runtime.log.warning("health_gauges_failed", error=exc.message)
+        except Exception:
+            runtime.log.exception("health_gauges_failed")
         for result in results:
             approval = result.approval
+            runtime.metrics.health.observe_decision(approval)
             runtime.log.info(
                 "approval_swept",
                 org_id=approval.org_id,

@@ -287,6 +287,12 @@ class Queries(Protocol):
     async def count_events(self, org_id: str, type_: str) -> int:
         """How many events of one type an org has (e.g. `effect_replayed`: replays)."""
 
+    async def pending_approvals_by_age(self, cutoffs_us: Sequence[int]) -> dict[str, list[int]]:
+        """Across orgs: {org: [pending approvals created at or before each cutoff]}."""
+
+    async def effects_in_doubt_by_org(self) -> dict[str, int]:
+        """Across orgs: {org: effects in doubt now}."""
+
     async def insert_event(
         self,
         org_id: str,

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from undolog.store._sql.health import HealthSql
 from undolog.store._sql.retention import RetentionSql
 from undolog.store._sql.rows import (
     APPROVAL,
@@ -25,7 +26,7 @@ from undolog.store.records import ApprovalRecord, EffectRecord, EventRecord, Und
 from undolog_sdk.wire import ApprovalStatus, UndoState
 
 
-class SqlQueries(RetentionSql):
+class SqlQueries(RetentionSql, HealthSql):
     """All statements of the store, bound to one connection (and maybe one transaction)."""
 
     # -- effects -----------------------------------------------------------------------------

@@ -1,0 +1,105 @@
+"""OpenTelemetry spans for calls and rollbacks, when the `otel` extra is installed
+(docs/observability.md, "Traces").
+
+Without `opentelemetry-api` every function here does nothing, so the server runs without it.
+With it, spans go to the global tracer provider: none is configured here (an app that sets one
+up, or `opentelemetry-instrument`, decides where they go); until one is, no span is made, and
+the caller's trace context passes through to the upstream as it came.
+
+What is traced: a call (`undolog.call`, with `undolog.intercept`, `undolog.upstream` and
+`undolog.commit` — or `undolog.fail` / `undolog.mark_in_doubt` — as its children) and a
+rollback (`undolog.rollback`, with one `undolog.compensation` per undo entry it runs, each
+with its `undolog.upstream`). The caller's W3C `traceparent` (REST: the header; MCP: the
+header or `_meta["traceparent"]`) is the parent of the call's span (through the MCP SDK's own
+server span, when it opened one), and the upstream's request
+carries a `traceparent` naming the `undolog.upstream` span. Only `traceparent` is taken from
+the caller — not `tracestate` nor baggage, which would carry client text to the upstream — and
+a malformed one is ignored (the call starts a new trace).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError:  # the `otel` extra is not installed: tracing is off
+    HAVE_OTEL = False
+else:
+    HAVE_OTEL = True
+    _PROPAGATOR = TraceContextTextMapPropagator()
+
+__all__ = [
+    "HAVE_OTEL",
+    "TRACEPARENT",
+    "annotate",
+    "caller_context",
+    "inject",
+    "span",
+    "traceparent_of",
+]
+
+TRACEPARENT = "traceparent"
+TRACER_NAME = "undolog"
+# A W3C traceparent is 55 characters (version 00); anything much longer is not one.
+_MAX_TRACEPARENT = 128
+
+
+def traceparent_of(value: object) -> str | None:
+    """A candidate traceparent from client input: a short string, else None."""
+    if isinstance(value, str) and 0 < len(value) <= _MAX_TRACEPARENT:
+        return value
+    return None
+
+
+@contextlib.contextmanager
+def caller_context(traceparent: str | None) -> Iterator[None]:
+    """Spans started inside are children of the caller's span named by `traceparent`.
+
+    Unless a span is current already: a server span that a layer below opened from the same
+    request (the MCP SDK opens one per request, from the same header or `_meta`) is the
+    better parent, and it is a child of the caller's span itself.
+    """
+    if not HAVE_OTEL or traceparent is None or trace.get_current_span().get_span_context().is_valid:
+        yield
+        return
+    parent = _PROPAGATOR.extract({TRACEPARENT: traceparent})
+    token = otel_context.attach(parent)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+@contextlib.contextmanager
+def span(name: str, **attributes: Any) -> Iterator[Any]:
+    """A span named `name` (a child of the current one); None when tracing is off: no
+    OpenTelemetry, or no tracer provider set (a span would record nothing; the four of a
+    call cost ~0.06 ms of CPU on the bench machine, and ~0.02 ms when skipped here)."""
+    if not HAVE_OTEL or isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        yield None
+        return
+    tracer = trace.get_tracer(TRACER_NAME)
+    with tracer.start_as_current_span(name, attributes=_attributes(attributes)) as current:
+        yield current
+
+
+def annotate(current: Any, **attributes: Any) -> None:
+    """Add attributes to a span from `span` (nothing when tracing is off)."""
+    if current is not None:
+        current.set_attributes(_attributes(attributes))
+
+
+def inject(headers: MutableMapping[str, str]) -> None:
+    """Put the current span's `traceparent` into an outgoing request's headers."""
+    if HAVE_OTEL:
+        _PROPAGATOR.inject(headers)
+
+
+def _attributes(values: dict[str, Any]) -> dict[str, Any]:
+    """`undolog.`-prefixed attributes; None values left out."""
+    return {f"undolog.{k}": v for k, v in values.items() if v is not None}
