@@ -23,11 +23,19 @@ from undolog.services.executor import ToolExecutor
 from undolog.services.held import HeldResults
 from undolog.services.lease import LeaseKeeper
 from undolog.services.metrics import ProxyMetrics
+from undolog.services.webhooks import WebhookSender, subscriptions
 from undolog.store import Store, open_store
 from undolog.upstreams import UpstreamRegistry
 from undolog_sdk.tier import ToolTier
 
-__all__ = ["Runtime", "config_key_grants", "open_runtime", "unknown_tool_org", "upstream_registry"]
+__all__ = [
+    "Runtime",
+    "config_key_grants",
+    "open_runtime",
+    "unknown_tool_org",
+    "upstream_registry",
+    "webhook_sender",
+]
 
 
 @dataclass
@@ -53,6 +61,7 @@ class Runtime:
     # gateway's upstream prefixes ("git." ...) for every org. The API cannot change them.
     config_tools: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     gateway_prefixes: tuple[str, ...] = ()
+    webhooks: WebhookSender | None = None  # started by the app with the sweeps
 
     def config_owner(self, org_id: str, tool_name: str) -> str | None:
         """Who sets this tool's tier, if not the API: `config` ([[tools]]) or `mcp`."""
@@ -136,6 +145,11 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
                 idempotent_upstream=tool.idempotent_upstream,
                 upstream=tool.upstream,
             )
+        # The config is the source of truth for webhooks too: the outbox trigger reads these.
+        async with store.transaction() as q:
+            await q.replace_webhook_subscriptions(
+                subscriptions((org.org_id, org.webhooks) for org in settings.orgs)
+            )
         executor = ToolExecutor(upstreams, timeout_seconds=settings.upstream_timeout_seconds)
         await executor.open()
     except BaseException:
@@ -176,6 +190,21 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
         keys=keys,
         config_tools={(t.org_id, t.name): "config" for t in settings.tools},
         gateway_prefixes=tuple(f"{u.name}." for u in settings.mcp.upstreams),
+        webhooks=webhook_sender(store, settings),
+    )
+
+
+def webhook_sender(store: Store, settings: Settings) -> WebhookSender:
+    """The sender of the configured webhooks (docs/notifications.md)."""
+    return WebhookSender(
+        store,
+        {(org.org_id, hook.name): hook for org in settings.orgs for hook in org.webhooks},
+        dashboard_url=settings.dashboard_url or f"http://{settings.host}:{settings.port}",
+        log=structlog.get_logger("undolog.webhooks"),
+        timeout_seconds=settings.webhook_timeout_seconds,
+        max_attempts=settings.webhook_max_attempts,
+        backoff_seconds=settings.webhook_backoff_seconds,
+        backoff_max_seconds=settings.webhook_backoff_max_seconds,
     )
 
 
