@@ -98,3 +98,16 @@ async def test_a_claimed_row_is_not_claimed_again_until_its_lease_ends(store: St
         )  # fmt: skip
     assert (stale, current) == (False, True)
     assert await _rows(store, org) == [("ops", event_id, "delivered")]
+
+
+async def test_postgres_switches_the_trigger_off_without_subscriptions(store: Store) -> None:
+    """The trigger's cost (a plpgsql call per event) is paid only while webhooks exist."""
+    if store.dialect != "postgres":
+        pytest.skip("a PostgreSQL trigger switch")
+    org = new_org()
+    await _subscribe(store)
+    await _event(store, org, "approval_required")
+    await _subscribe(store, (org, "approval_required", "ops"))
+    second = await _event(store, org, "approval_required")
+    await _subscribe(store, (org, "approval_required", "ops"))  # no change: no ALTER
+    assert await _rows(store, org) == [("ops", second, PENDING)]
