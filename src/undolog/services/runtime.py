@@ -23,6 +23,7 @@ from undolog.services.executor import ToolExecutor
 from undolog.services.held import HeldResults
 from undolog.services.lease import LeaseKeeper
 from undolog.services.metrics import ProxyMetrics
+from undolog.services.waits import Waits
 from undolog.services.webhooks import WebhookSender, subscriptions
 from undolog.store import Store, open_store
 from undolog.upstreams import UpstreamRegistry
@@ -62,6 +63,7 @@ class Runtime:
     config_tools: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     gateway_prefixes: tuple[str, ...] = ()
     webhooks: WebhookSender | None = None  # started by the app with the sweeps
+    waits: Waits | None = None  # long waits (GET /approvals/{id}?wait=N), on the broker
 
     def config_owner(self, org_id: str, tool_name: str) -> str | None:
         """Who sets this tool's tier, if not the API: `config` ([[tools]]) or `mcp`."""
@@ -166,12 +168,13 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
         )
     proxy_metrics = metrics or ProxyMetrics.create()
     leases = LeaseKeeper(engine, settings.lease_seconds)
+    broker = EventBroker(store, proxy_metrics)
     return Runtime(
         store=store,
         engine=engine,
         saga=Saga(store, lease_seconds=settings.lease_seconds),
         approvals=Approvals(engine),
-        broker=EventBroker(store, proxy_metrics),
+        broker=broker,
         executor=executor,
         metrics=proxy_metrics,
         deliveries=Deliveries(engine),
@@ -191,6 +194,7 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
         config_tools={(t.org_id, t.name): "config" for t in settings.tools},
         gateway_prefixes=tuple(f"{u.name}." for u in settings.mcp.upstreams),
         webhooks=webhook_sender(store, settings),
+        waits=Waits(broker),
     )
 
 
