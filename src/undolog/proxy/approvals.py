@@ -19,7 +19,7 @@ from undolog.engine.approvals import DecisionResult, ResolvedByPolicy, Verdict
 from undolog.proxy.owners import Owned, hide_unowned
 from undolog.proxy.wire import approval_json, json_response
 from undolog.services.calls import run_approved
-from undolog.services.waits import MAX_WAIT_SECONDS
+from undolog.services.waits import MAX_WAIT_SECONDS, wait_for_decision
 from undolog_sdk.errors import EffectInDoubt, InvalidRequest, UndoLogError
 from undolog_sdk.wire import ApprovalStatus, EffectState
 
@@ -74,17 +74,12 @@ async def get_approval(id: str, request: Request) -> Response:
     await hide_unowned(request, Owned.APPROVAL, id)
     org_id: str = request.state.org_id
     record = await runtime.approvals.get(org_id, id)
-    if seconds and record.status == ApprovalStatus.PENDING and runtime.waits is not None:
-        found = record
-
-        async def decided() -> bool:
-            nonlocal found
-            found = await runtime.approvals.get(org_id, id)
-            return found.status != ApprovalStatus.PENDING
-
-        with runtime.waits.slot(request.state.principal.key_id):
-            await runtime.waits.until(org_id, record.effect_id, decided, seconds)
-        record = found
+    if seconds and record.status == ApprovalStatus.PENDING:
+        key_id = request.state.principal.key_id
+        if await wait_for_decision(
+            runtime, org_id, id, record.effect_id, key_id=key_id, seconds=seconds
+        ):
+            record = await runtime.approvals.get(org_id, id)
     return json_response(reference_approval(record))
 
 
