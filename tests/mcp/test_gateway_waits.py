@@ -25,7 +25,7 @@ def _text(result: Any) -> str:
 
 
 def _held(gateway: Gateway) -> int:
-    runtime = gateway.server.app.fastapi.state.runtime  # type: ignore[attr-defined]
+    runtime = gateway.server.app.fastapi.state.runtime
     return int(runtime.waits._total)
 
 
