@@ -25,11 +25,23 @@ from typing import Any
 from undolog.services.metrics import ProxyMetrics
 from undolog.store import EventRecord, Store
 
-__all__ = ["REPLAY_PAGE", "EventBroker", "Subscriber"]
+__all__ = ["REPLAY_PAGE", "EventBroker", "Subscriber", "stop_background"]
 
 CHANNEL = "undolog_events"
 ANNOUNCE_EVERY_SECONDS = 0.05
 REPLAY_PAGE = 500
+
+
+async def stop_background(task: asyncio.Task[None] | None, closers: list[Any]) -> None:
+    """Cancel a background loop, then run its closers (listeners, sync or async)."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    for close in closers:
+        result = close()
+        if asyncio.iscoroutine(result):
+            await result
 
 
 @dataclass(eq=False)
@@ -68,14 +80,7 @@ class EventBroker:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        for close in self._closers:
-            result = close()
-            if asyncio.iscoroutine(result):
-                await result
+        await stop_background(self._task, self._closers)
 
     def _local_commit(self) -> None:
         self._announce = True

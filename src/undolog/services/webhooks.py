@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from undolog.services.events import CHANNEL
+from undolog.services.events import CHANNEL, stop_background
 from undolog.services.webhook_messages import SIGNATURE_HEADER, build_message, sign
 from undolog.store import Store
 from undolog.store.records import ApprovalRecord, EventRecord, WebhookDeliveryRecord
@@ -108,14 +108,7 @@ class WebhookSender:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        for close in self._closers:
-            result = close()
-            if asyncio.iscoroutine(result):
-                await result
+        await stop_background(self._task, self._closers)
         if self._http is not None:
             await self._http.close()
 
