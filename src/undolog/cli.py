@@ -152,6 +152,13 @@ def serve(
     auth_failure_window_seconds: float = typer.Option(
         None, help="The window of --auth-failure-limit, in seconds (default 60)"
     ),
+    dashboard_url: str = typer.Option(
+        None, help="Base URL of the dashboard in webhook messages (default http://{host}:{port})"
+    ),
+    webhook_timeout_seconds: float = typer.Option(None, help="Per webhook attempt (default 5)"),
+    webhook_max_attempts: int = typer.Option(None, help="Before a delivery is dead (default 10)"),
+    webhook_backoff_seconds: float = typer.Option(None, help="First retry delay (default 1)"),
+    webhook_backoff_max_seconds: float = typer.Option(None, help="Retry delay cap (default 300)"),
     config: str = typer.Option(None, help="TOML config file (env UNDOLOG_CONFIG)"),
     demo: bool = typer.Option(False, help="Also run the demo tool server and a demo org"),
     demo_tools_port: int = typer.Option(DEMO_TOOLS_PORT, help="Port of the demo tool server"),

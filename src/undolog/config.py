@@ -18,6 +18,7 @@ from typing import Any
 
 from undolog.mcp.config import McpSettings, parse_mcp_settings
 from undolog.upstreams import DEFAULT_UPSTREAM, check_tool_name, check_upstream_url
+from undolog.webhook_config import WebhookConfig, parse_webhooks, read_secret
 from undolog_sdk.tier import TIER_VALUES, CompensationDescriptor, ToolTier
 
 __all__ = [
@@ -91,6 +92,7 @@ class OrgConfig:
     approval_timeout_seconds: int = DEFAULT_APPROVAL_TIMEOUT_SECONDS
     auto_approve_on_timeout: bool = False
     retention_days: int | None = None  # finished sessions kept (docs/retention.md); None: forever
+    webhooks: tuple[WebhookConfig, ...] = ()  # [[orgs.webhooks]] (undolog.webhook_config)
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,13 @@ class Settings:
     # Failed key checks and sign-ins per client address within the window, before 429.
     auth_failure_limit: int = DEFAULT_AUTH_FAILURE_LIMIT
     auth_failure_window_seconds: float = DEFAULT_AUTH_FAILURE_WINDOW_SECONDS
+    # Webhooks (docs/notifications.md): links in messages start with `dashboard_url` (None:
+    # this server's http://{host}:{port}); delivery attempts, their backoff and timeout.
+    dashboard_url: str | None = None
+    webhook_timeout_seconds: float = 5.0
+    webhook_max_attempts: int = 10
+    webhook_backoff_seconds: float = 1.0
+    webhook_backoff_max_seconds: float = 300.0
     config: str | None = None
     orgs: tuple[OrgConfig, ...] = ()
     tools: tuple[ToolConfig, ...] = ()
@@ -187,6 +196,10 @@ _POSITIVE_FIELDS = (
     "ready_timeout_seconds",
     "retention_sweep_seconds",
     "db_pool_size",
+    "webhook_timeout_seconds",
+    "webhook_max_attempts",
+    "webhook_backoff_seconds",
+    "webhook_backoff_max_seconds",
 )
 
 _TOP_LEVEL_KEYS = frozenset({"server", "orgs", "tools", "upstreams", "mcp"})
@@ -200,6 +213,7 @@ _ORG_KEYS = frozenset(
         "approval_timeout_seconds",
         "auto_approve_on_timeout",
         "retention_days",
+        "webhooks",
     }
 )
 _TOOL_KEYS = frozenset(
@@ -301,7 +315,7 @@ def _named_keys(where: str, item: Mapping[str, Any]) -> tuple[KeyConfig, ...]:
     return tuple(keys)
 
 
-def _orgs_from_toml(data: Mapping[str, Any]) -> tuple[OrgConfig, ...]:
+def _orgs_from_toml(data: Mapping[str, Any], env: Mapping[str, str]) -> tuple[OrgConfig, ...]:
     orgs = []
     for n, item in enumerate(_tables(data, "orgs")):
         where = f"orgs[{n}]"
@@ -327,6 +341,7 @@ def _orgs_from_toml(data: Mapping[str, Any]) -> tuple[OrgConfig, ...]:
                     bool,
                 ),
                 retention_days=days,
+                webhooks=parse_webhooks(where, item.get("webhooks"), env),
             )
         )
     seen: set[str] = set()
@@ -399,18 +414,7 @@ def _upstreams_from_toml(
         problem = check_upstream_url(url)
         if problem:
             raise ValueError(f"{where}.url {problem}")
-        if "secret" in item and "secret_env" in item:
-            raise ValueError(f"{where}: give secret or secret_env, not both")
-        secret = item.get("secret")
-        if secret is not None and (not isinstance(secret, str) or not secret):
-            raise ValueError(f"{where}.secret: expected a non-empty string")
-        if "secret_env" in item:
-            var = item["secret_env"]
-            if not isinstance(var, str) or not var:
-                raise ValueError(f"{where}.secret_env: expected the name of an env var")
-            secret = env.get(var)
-            if not secret:
-                raise ValueError(f"{where}.secret_env: env var {var} is not set")
+        secret = read_secret(where, item, env)
         orgs = _key_list(f"{where}.orgs", item.get("orgs", []))
         upstreams.append(UpstreamConfig(name, url, secret, tuple(orgs)))
     return tuple(upstreams)
@@ -470,7 +474,7 @@ def load_settings(
                 if key not in SCALAR_FIELDS:
                     raise ValueError(f"unknown setting [server].{key}")
                 values[key] = _coerce(key, raw)
-            orgs = _orgs_from_toml(data)
+            orgs = _orgs_from_toml(data, env)
             tools = _tools_from_toml(data)
             upstreams = _upstreams_from_toml(data, env)
             _check_tool_upstreams(tools, upstreams)

@@ -170,7 +170,9 @@ def serve_gateway(
         lease_seconds=30.0,
         log_level="warning",
         orgs=(OrgConfig(org_id=org_id, keys=role_keys(key)),),
-        mcp=parse_mcp_settings(mcp),
+        # A call that needs an approval answers "pending" at once unless a test asks for
+        # the long wait (tests/mcp/test_gateway_waits.py).
+        mcp=parse_mcp_settings({"approval_wait_seconds": 0, **mcp}),
     )
     server = ThreadServer(create_app(settings)).start()
     try:

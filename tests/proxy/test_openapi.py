@@ -146,7 +146,10 @@ def test_swagger_ui_and_the_document_are_public_the_api_is_not(proxy: ProxyHarne
 def _schemathesis(proxy: ProxyHarness, workdir: Path) -> dict[str, Any]:
     """Run schemathesis's CLI against the proxy; its JSON report."""
     config = workdir / "schemathesis.toml"
-    config.write_text('hooks = "tests.proxy.schemathesis_hooks"\n')
+    # `GET /approvals/{id}?wait=N` holds a request up to N seconds by design (55 at most):
+    # the run sends `wait=1`, or its cases would not fit its time (the waits themselves are
+    # tested in test_approval_waits.py).
+    config.write_text('hooks = "tests.proxy.schemathesis_hooks"\n[parameters]\n"query.wait" = 1\n')
     report = workdir / "report.json"
     st = shutil.which("st", path=str(Path(sys.executable).parent)) or "st"
     command = [

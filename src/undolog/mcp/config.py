@@ -44,7 +44,8 @@ __all__ = [
 TRANSPORTS = ("stdio", "http")
 PREFIX_SEPARATOR = "."
 
-_MCP_KEYS = frozenset({"allowed_origins", "approval_url", "upstreams"})
+DEFAULT_APPROVAL_WAIT_SECONDS = 50
+_MCP_KEYS = frozenset({"allowed_origins", "approval_url", "approval_wait_seconds", "upstreams"})
 _UPSTREAM_KEYS = frozenset(
     {"name", "transport", "command", "args", "env", "cwd", "url", "headers", "tools"}
 )
@@ -99,6 +100,9 @@ class McpSettings:
     upstreams: tuple[McpUpstream, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     approval_url: str | None = None
+    # How long a `tools/call` that needs an approval waits for the decision before answering
+    # "pending" (0 to 55 s: under the ~60 s request timeout of MCP clients; docs/mcp.md).
+    approval_wait_seconds: int = DEFAULT_APPROVAL_WAIT_SECONDS
 
 
 def tier_for(policy: McpToolPolicy | None, read_only_hint: bool | None) -> str:
@@ -221,6 +225,12 @@ def parse_mcp_settings(raw: Any) -> McpSettings:
     approval_url = raw.get("approval_url")
     if approval_url is not None and (not isinstance(approval_url, str) or not approval_url):
         raise ValueError("mcp.approval_url: expected a non-empty string")
+    wait = raw.get("approval_wait_seconds", DEFAULT_APPROVAL_WAIT_SECONDS)
+    if isinstance(wait, bool) or not isinstance(wait, int) or not 0 <= wait <= 55:
+        raise ValueError("mcp.approval_wait_seconds: expected a whole number from 0 to 55")
     return McpSettings(
-        upstreams=upstreams, allowed_origins=tuple(origins), approval_url=approval_url
+        upstreams=upstreams,
+        allowed_origins=tuple(origins),
+        approval_url=approval_url,
+        approval_wait_seconds=wait,
     )

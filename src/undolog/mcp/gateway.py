@@ -87,6 +87,7 @@ from undolog.services.calls import Call, CallOutcome, CallStatus, refused, run_c
 from undolog.services.delivery import AnswerWatch, Delivery
 from undolog.services.executor import ToolTransportError
 from undolog.services.tracing import TRACEPARENT, traceparent_of
+from undolog.services.waits import TooManyWaits, wait_for_decision
 from undolog_sdk.errors import (
     InvalidRequest,
     ToolError,
@@ -375,6 +376,8 @@ class McpGateway:
                 traceparent=self._traceparent(ctx, ctx.request),
             )
             outcome = await run_call(runtime, call, request_id)
+            if outcome.status is CallStatus.PENDING_APPROVAL and not self._asks_urls(ctx, params):
+                outcome = await self._wait_for_decision(runtime, state, call, outcome, request_id)
         answered = outcome.answered
         if answered is not None:
             self._answering(runtime, state, org_id, session_id, answered)
@@ -401,13 +404,42 @@ class McpGateway:
         if outcome.status is CallStatus.PENDING_APPROVAL:
             # A client that has already answered our request is not asked again: it gets the
             # plain answer, and retries when it sees fit.
-            if params.input_responses is None and _can_open_urls(ctx):
+            if self._asks_urls(ctx, params):
                 return self._input_required(decision, ctx.request, retry_after)
             return awaiting(decision, retry_after)
         status = CallStatus.EXECUTED if decision.logged else "passed_through"  # SAFE: not recorded
         return with_meta(recorded_result(outcome.result_json), decision, status)
 
     # -- helpers -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _asks_urls(ctx: ServerRequestContext[Any], params: CallToolRequestParams) -> bool:
+        """Whether a pending approval is answered with `input_required` (a URL to open)."""
+        return params.input_responses is None and _can_open_urls(ctx)
+
+    async def _wait_for_decision(
+        self,
+        runtime: Runtime,
+        state: dict[str, Any],
+        call: Call,
+        pending: CallOutcome,
+        request_id: str,
+    ) -> CallOutcome:
+        """Hold a call that waits for a person up to `approval_wait_seconds`: once it is
+        decided (and an approved run has finished), the call again — the approved run's
+        result replayed, or the refusal. Otherwise, or over the wait caps, `pending`."""
+        decision = pending.decision
+        if decision is None or decision.approval_id is None:
+            return pending
+        try:
+            decided = await wait_for_decision(
+                runtime, call.org_id, decision.approval_id, decision.effect_id,
+                key_id=str(state.get("key_id") or ""),
+                seconds=self.settings.approval_wait_seconds, run_finished=True,
+            )  # fmt: skip
+        except TooManyWaits:
+            return pending
+        return await run_call(runtime, call, request_id) if decided else pending
 
     def _approval_url(self, approval_id: str, request: Any) -> str:
         template = self.settings.approval_url

@@ -30,6 +30,7 @@ from undolog.proxy.toolcall import tool_call
 from undolog.proxy.ui_auth import SessionTokens, UiSessions
 from undolog.proxy.ui_auth import router as ui_auth_router
 from undolog.proxy.undo import router as undo_router
+from undolog.proxy.webhooks import router as webhooks_router
 from undolog.proxy.wire import error_body, json_response
 from undolog.services.metrics import ProxyMetrics
 from undolog.services.runtime import Runtime, open_runtime
@@ -97,6 +98,8 @@ def create_app(settings: Settings, *, prepared: bool = False) -> Any:
                     ) from None
             await runtime.broker.start()
             runtime.leases.start()
+            if runtime.webhooks is not None:
+                await runtime.webhooks.start()
             sweepers = [
                 asyncio.create_task(
                     sweep_approvals_forever(runtime, settings.approval_sweep_seconds)
@@ -116,6 +119,8 @@ def create_app(settings: Settings, *, prepared: bool = False) -> Any:
                     sweeper.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await sweeper
+                if runtime.webhooks is not None:
+                    await runtime.webhooks.stop()
                 await runtime.held.close()
                 await runtime.leases.stop()
                 await runtime.broker.stop()
@@ -144,6 +149,7 @@ def create_app(settings: Settings, *, prepared: bool = False) -> Any:
     api.include_router(undo_router)
     api.include_router(approvals_router)
     api.include_router(events_router)
+    api.include_router(webhooks_router)
     api.router.routes.append(Route("/mcp", gateway, methods=["GET", "POST", "DELETE"]))
     api.include_router(overview_router)
     api.include_router(ready_router)

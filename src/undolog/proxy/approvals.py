@@ -19,6 +19,7 @@ from undolog.engine.approvals import DecisionResult, ResolvedByPolicy, Verdict
 from undolog.proxy.owners import Owned, hide_unowned
 from undolog.proxy.wire import approval_json, json_response
 from undolog.services.calls import run_approved
+from undolog.services.waits import MAX_WAIT_SECONDS, wait_for_decision
 from undolog_sdk.errors import EffectInDoubt, InvalidRequest, UndoLogError
 from undolog_sdk.wire import ApprovalStatus, EffectState
 
@@ -54,11 +55,31 @@ async def list_approvals(request: Request) -> Response:
     return json_response([reference_approval(r) for r in records])
 
 
+def _wait_seconds(request: Request) -> int:
+    """`?wait=N`: whole seconds from 0; more than `MAX_WAIT_SECONDS` (55) is taken as 55."""
+    raw = request.query_params.get("wait")
+    if raw is None or raw == "":
+        return 0
+    if not raw.isdigit() or len(raw) > 6:
+        raise InvalidRequest("'wait' must be a whole number of seconds (0 to 55)")
+    return min(int(raw), MAX_WAIT_SECONDS)
+
+
 @router.get("/approvals/{id}")
 async def get_approval(id: str, request: Request) -> Response:
+    """An approval; with `?wait=N`, answered once it is decided or after N seconds (then
+    still pending), whichever comes first (docs/mcp.md, "Long waits")."""
     runtime: Runtime = request.app.state.runtime
+    seconds = _wait_seconds(request)
     await hide_unowned(request, Owned.APPROVAL, id)
-    record = await runtime.approvals.get(request.state.org_id, id)
+    org_id: str = request.state.org_id
+    record = await runtime.approvals.get(org_id, id)
+    if seconds and record.status == ApprovalStatus.PENDING:
+        key_id = request.state.principal.key_id
+        if await wait_for_decision(
+            runtime, org_id, id, record.effect_id, key_id=key_id, seconds=seconds
+        ):
+            record = await runtime.approvals.get(org_id, id)
     return json_response(reference_approval(record))
 
 

@@ -78,11 +78,12 @@ ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, dict[int, Any]]] = {
     ("POST", "/undo/{entry}/retry"): (None, _r(s.UndoEntry, *_BODY, 404, 409)),
     ("POST", "/undo/{entry}/resolve"): (s.NoteBody, _r(s.UndoEntry, *_BODY, 404, 409)),
     ("GET", "/approvals"): (None, _r(s.Approval, *_KEYED, many=True)),
-    ("GET", "/approvals/{id}"): (None, _r(s.Approval, *_KEYED, 404)),
+    ("GET", "/approvals/{id}"): (None, _r(s.Approval, *_KEYED, 404)),  # 429: too many waits
     ("POST", "/approvals/{id}/approve"): (s.DecisionBody, _r(s.DecisionResult, *_BODY, 404, 409)),
     ("POST", "/approvals/{id}/reject"): (s.DecisionBody, _r(s.DecisionResult, *_BODY, 404, 409)),
     ("GET", "/events"): (None, {**_r(None, *_KEYED), 200: ("sse", False)}),
     ("GET", "/overview"): (None, _r(s.Overview, *_KEYED)),
+    ("GET", "/webhooks/deliveries"): (None, _r(s.WebhookDelivery, *_KEYED, many=True)),
     ("GET", "/ready"): (None, {200: (s.Ready, False), 503: (s.ErrorBody, False)}),
 }
 
@@ -104,6 +105,20 @@ _QUERY: dict[tuple[str, str], list[dict[str, Any]]] = {
         {"name": "limit", "in": "query", "required": False,
          "description": "1 to 500 (default 100; anything else is taken as 100)",
          "schema": {"type": "string", "default": "100"}},
+    ],
+    ("GET", "/approvals/{id}"): [
+        {"name": "wait", "in": "query", "required": False,
+         "description": "answer once the approval is decided, or after this many seconds "
+                        "(then pending); 0 to 55, more is taken as 55 (docs/mcp.md)",
+         "schema": {"type": "integer", "minimum": 0, "default": 0}},
+    ],
+    ("GET", "/webhooks/deliveries"): [
+        {"name": "state", "in": "query", "required": False,
+         "description": "only the deliveries in this state",
+         "schema": {"enum": ["pending", "delivered", "dead"]}},
+        {"name": "limit", "in": "query", "required": False,
+         "description": "1 to 500 (default 100; anything else: 400)",
+         "schema": {"type": "integer", "minimum": 1, "maximum": 500, "default": 100}},
     ],
     ("GET", "/sessions"): [
         {"name": "limit", "in": "query", "required": False,

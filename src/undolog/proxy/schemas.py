@@ -241,6 +241,20 @@ class Approval(BaseModel):
     reason: str | None
 
 
+class WebhookDelivery(BaseModel):
+    """A row of the webhook outbox (docs/notifications.md)."""
+
+    delivery_id: int
+    webhook: str
+    event_id: str
+    state: str = Field(description="pending | delivered | dead")
+    attempts: int
+    next_attempt_us: int
+    last_error: str | None = Field(description="a status code or an error class, never a body")
+    created_us: int
+    updated_us: int
+
+
 class SessionView(Session):
     effects: list[Effect]
     undo_stack: list[UndoEntry]

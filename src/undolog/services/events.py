@@ -18,17 +18,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from undolog.services.metrics import ProxyMetrics
 from undolog.store import EventRecord, Store
 
-__all__ = ["REPLAY_PAGE", "EventBroker", "Subscriber"]
+__all__ = ["REPLAY_PAGE", "EventBroker", "Subscriber", "stop_background"]
 
 CHANNEL = "undolog_events"
 ANNOUNCE_EVERY_SECONDS = 0.05
 REPLAY_PAGE = 500
+
+
+async def stop_background(task: asyncio.Task[None] | None, closers: list[Any]) -> None:
+    """Cancel a background loop, then run its closers (listeners, sync or async)."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    for close in closers:
+        result = close()
+        if asyncio.iscoroutine(result):
+            await result
 
 
 @dataclass(eq=False)
@@ -47,6 +60,8 @@ class EventBroker:
     gap_grace_seconds: float = 2.0
     hwm: int = 0
     _subscribers: dict[str, set[Subscriber]] = field(default_factory=dict)
+    # Long waits (services/waits.py): (org, effect id) → callbacks run on each of its events.
+    _watchers: dict[tuple[str, str], set[Callable[[], None]]] = field(default_factory=dict)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task[None] | None = None
     _gap_since: float | None = None
@@ -65,18 +80,11 @@ class EventBroker:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        for close in self._closers:
-            result = close()
-            if asyncio.iscoroutine(result):
-                await result
+        await stop_background(self._task, self._closers)
 
     def _local_commit(self) -> None:
         self._announce = True
-        if any(self._subscribers.values()):  # a subscriber here wants it now
+        if self._watchers or any(self._subscribers.values()):  # someone here wants it now
             self._wake.set()
 
     async def _run(self) -> None:
@@ -130,11 +138,31 @@ class EventBroker:
                 return
 
     def _deliver(self, event: EventRecord) -> None:
+        if event.effect_id is not None:
+            for callback in tuple(self._watchers.get((event.org_id, event.effect_id), ())):
+                callback()
         for sub in self._subscribers.get(event.org_id, ()):
             try:
                 sub.queue.put_nowait(event)
             except asyncio.QueueFull:
                 self.metrics.sse_events_dropped.labels(event.org_id).inc()
+
+    def watch(
+        self, org_id: str, effect_id: str, callback: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Run `callback` on each event of one effect this broker hands out, from any process
+        (PostgreSQL: NOTIFY; SQLite: the poll); returns the remover."""
+        key = (org_id, effect_id)
+        self._watchers.setdefault(key, set()).add(callback)
+
+        def remove() -> None:
+            callbacks = self._watchers.get(key)
+            if callbacks is not None:
+                callbacks.discard(callback)
+                if not callbacks:
+                    del self._watchers[key]
+
+        return remove
 
     def subscribe(self, org_id: str) -> Subscriber | None:
         """A new subscriber, or None when the org already has `max_per_org`."""

@@ -23,6 +23,8 @@ from undolog.services.executor import ToolExecutor
 from undolog.services.held import HeldResults
 from undolog.services.lease import LeaseKeeper
 from undolog.services.metrics import ProxyMetrics
+from undolog.services.waits import Waits
+from undolog.services.webhooks import WebhookSender, subscriptions
 from undolog.store import Store, open_store
 from undolog.upstreams import UpstreamRegistry
 from undolog_sdk.tier import ToolTier
@@ -34,6 +36,7 @@ __all__ = [
     "prepare_store",
     "unknown_tool_org",
     "upstream_registry",
+    "webhook_sender",
 ]
 
 
@@ -60,6 +63,8 @@ class Runtime:
     # gateway's upstream prefixes ("git." ...) for every org. The API cannot change them.
     config_tools: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     gateway_prefixes: tuple[str, ...] = ()
+    webhooks: WebhookSender | None = None  # started by the app with the sweeps
+    waits: Waits | None = None  # long waits (GET /approvals/{id}?wait=N), on the broker
 
     def config_owner(self, org_id: str, tool_name: str) -> str | None:
         """Who sets this tool's tier, if not the API: `config` ([[tools]]) or `mcp`."""
@@ -136,6 +141,11 @@ async def prepare_store(store: Store, settings: Settings) -> None:
             idempotent_upstream=tool.idempotent_upstream,
             upstream=tool.upstream,
         )
+    # The config is the source of truth for webhooks too: the outbox trigger reads these.
+    async with store.transaction() as q:
+        await q.replace_webhook_subscriptions(
+            subscriptions((org.org_id, org.webhooks) for org in settings.orgs)
+        )
 
 
 async def open_runtime(
@@ -175,12 +185,13 @@ async def open_runtime(
         )
     proxy_metrics = metrics or ProxyMetrics.create()
     leases = LeaseKeeper(engine, settings.lease_seconds)
+    broker = EventBroker(store, proxy_metrics)
     return Runtime(
         store=store,
         engine=engine,
         saga=Saga(store, lease_seconds=settings.lease_seconds),
         approvals=Approvals(engine),
-        broker=EventBroker(store, proxy_metrics),
+        broker=broker,
         executor=executor,
         metrics=proxy_metrics,
         deliveries=Deliveries(engine),
@@ -199,6 +210,22 @@ async def open_runtime(
         keys=keys,
         config_tools={(t.org_id, t.name): "config" for t in settings.tools},
         gateway_prefixes=tuple(f"{u.name}." for u in settings.mcp.upstreams),
+        webhooks=webhook_sender(store, settings),
+        waits=Waits(broker),
+    )
+
+
+def webhook_sender(store: Store, settings: Settings) -> WebhookSender:
+    """The sender of the configured webhooks (docs/notifications.md)."""
+    return WebhookSender(
+        store,
+        {(org.org_id, hook.name): hook for org in settings.orgs for hook in org.webhooks},
+        dashboard_url=settings.dashboard_url or f"http://{settings.host}:{settings.port}",
+        log=structlog.get_logger("undolog.webhooks"),
+        timeout_seconds=settings.webhook_timeout_seconds,
+        max_attempts=settings.webhook_max_attempts,
+        backoff_seconds=settings.webhook_backoff_seconds,
+        backoff_max_seconds=settings.webhook_backoff_max_seconds,
     )
 
 

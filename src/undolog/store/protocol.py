@@ -23,6 +23,7 @@ from undolog.store.records import (
     SessionRecord,
     ToolRecord,
     UndoEntryRecord,
+    WebhookDeliveryRecord,
 )
 
 __all__ = ["ExecuteNew", "Queries", "Store"]
@@ -363,6 +364,39 @@ class Queries(Protocol):
     async def delete_events(self, org_id: str, event_ids: Sequence[int], cutoff_us: int) -> int:
         """Delete those of these events older than `cutoff_us` whose session is gone (or
         that have none); how many went."""
+
+    # -- the webhook outbox (migration 14; rows written by a trigger on `events`) ----------
+
+    async def replace_webhook_subscriptions(
+        self, subscriptions: Sequence[tuple[str, str, str]]
+    ) -> None:
+        """Make the subscriptions exactly these `(org_id, event_type, webhook)` rows."""
+
+    async def claim_webhook_deliveries(
+        self, now_us: int, lease_until_us: int, limit: int, *, pending: str
+    ) -> list[tuple[WebhookDeliveryRecord, EventRecord]]:
+        """Due `pending` rows, oldest first, with their events; each claimed (attempts + 1,
+        not due again before `lease_until_us`). Inside a transaction (PostgreSQL: `FOR
+        UPDATE SKIP LOCKED`, so two processes never claim one row)."""
+
+    async def settle_webhook_delivery(
+        self,
+        delivery_id: int,
+        attempts: int,
+        *,
+        state: str,
+        next_attempt_us: int,
+        last_error: str | None,
+        now_us: int,
+        pending: str,
+    ) -> bool:
+        """Record one attempt's outcome, if the row is still `pending` under that attempt's
+        claim; True when it changed."""
+
+    async def list_webhook_deliveries(
+        self, org_id: str | None, state: str | None, limit: int
+    ) -> list[WebhookDeliveryRecord]:
+        """Outbox rows, newest first; of one org and one state when given."""
 
 
 class Store(Protocol):

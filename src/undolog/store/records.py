@@ -21,6 +21,7 @@ __all__ = [
     "SessionRecord",
     "ToolRecord",
     "UndoEntryRecord",
+    "WebhookDeliveryRecord",
 ]
 
 
@@ -144,3 +145,19 @@ class EventRecord:
     effect_id: str | None
     payload_json: str
     created_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookDeliveryRecord:
+    """One event to deliver to one webhook (the `webhook_outbox` table, migration 14)."""
+
+    delivery_id: int
+    org_id: str
+    webhook: str  # the configured webhook's name
+    event_id: int
+    state: str  # pending | delivered | dead (services/webhooks.py `DeliveryState`)
+    attempts: int
+    next_attempt_us: int
+    last_error: str | None
+    created_us: int
+    updated_us: int

@@ -277,9 +277,18 @@ async def _may_use(q: Queries, org_id: str, session_id: str, owner: str | None) 
 
 
 def _statements(script: str) -> list[str]:
-    """Split a migration script into statements (our scripts have no `;` inside literals)."""
+    """Split a migration script into statements (our scripts have no `;` inside literals;
+    a trigger's `BEGIN ... END;` body is kept whole: `sqlite3.complete_statement` says
+    where a statement ends)."""
     body = re.sub(r"--[^\n]*", "", script)
-    return [s.strip() for s in body.split(";") if s.strip()]
+    statements, current = [], ""
+    for piece in body.split(";"):
+        current += piece + ";"
+        if sqlite3.complete_statement(current):
+            if current.strip(" \t\n;"):
+                statements.append(current.strip())
+            current = ""
+    return statements
 
 
 if TYPE_CHECKING:  # mypy checks that the store and its queries meet the protocol
