@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from undolog.store._sql.accounts import AccountSql
+from undolog.store._sql.pages import PageSql
 from undolog.store._sql.rows import (
     APPROVAL,
     APPROVAL_FIELDS,
@@ -25,7 +25,7 @@ from undolog.store.records import ApprovalRecord, EffectRecord, EventRecord, Und
 from undolog_sdk.wire import ApprovalStatus, UndoState
 
 
-class SqlQueries(AccountSql):
+class SqlQueries(PageSql):
     """All statements of the store, bound to one connection (and maybe one transaction)."""
 
     # -- effects -----------------------------------------------------------------------------
