@@ -4,8 +4,15 @@ the latest events, all scoped by org (and owner)."""
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
+
+from tests.conftest import _create_database, _drop_database, _pg_admin_url
 from tests.store.contract_helpers import (
     NOW,
     add_effect,
@@ -15,8 +22,9 @@ from tests.store.contract_helpers import (
     new_org,
     new_session,
 )
-from undolog.store import Store
+from undolog.store import Store, open_store
 from undolog.store._sql.pages import like_pattern
+from undolog.store.base import load_migrations
 from undolog.store.records import KeyRecord
 
 
@@ -155,3 +163,54 @@ async def test_recent_events_are_the_latest_of_the_org_or_of_an_owners_sessions(
 def test_search_text_is_matched_literally_and_in_any_case() -> None:
     assert like_pattern("Send_E") == "%send!_e%"
     assert like_pattern("100%!") == "%100!%!!%"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def unmigrated_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database of each dialect (no migration applied yet)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'old.db'}"
+        return
+    admin = _pg_admin_url()
+    name = f"undolog_old_{uuid.uuid4().hex[:8]}"
+    try:
+        asyncio.run(_create_database(admin, name))
+    except (TimeoutError, OSError) as exc:
+        pytest.skip(f"PostgreSQL not reachable: {exc}")
+    try:
+        yield admin.rsplit("/", 1)[0] + "/" + name
+    finally:
+        asyncio.run(_drop_database(admin, name))
+
+
+async def test_migration_16_gives_older_approvals_their_sessions_owner_as_requester(
+    unmigrated_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dialect = "sqlite" if unmigrated_url.startswith("sqlite") else "postgres"
+    module = importlib.import_module(f"undolog.store.{dialect}")
+    before = [(v, sql) for v, sql in load_migrations(dialect) if v < 16]
+    monkeypatch.setattr(module, "load_migrations", lambda dialect: before)
+    store = await open_store(unmigrated_url)
+    try:
+        assert await store.migrate() == before[-1][0]
+        org = new_org()
+        await add_org(store, org)
+        effect = make_effect(org)
+        async with store.transaction() as q:
+            await q.touch_session(org, effect.session_id, 1, NOW, "key_owner")
+            assert await q.insert_effect(effect)
+            old = make_approval(effect)
+            await q._execute(  # type: ignore[attr-defined]  # the columns before version 16
+                "INSERT INTO approvals (approval_id, org_id, effect_id, session_id, tool_name, "
+                "args, status, created_us, timeout_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                old.approval_id, org, effect.effect_id, effect.session_id, old.tool_name,
+                old.args_json, old.status, old.created_us, old.timeout_us,
+            )  # fmt: skip
+        monkeypatch.undo()
+        assert await store.migrate() >= 16
+        async with store.reader() as q:
+            migrated = await q.get_approval(org, old.approval_id)
+        assert migrated is not None
+        assert migrated.requested_by_key_id == "key_owner"
+    finally:
+        await store.close()
