@@ -97,7 +97,7 @@ _OPTIONAL_BODY = frozenset(
 _CURSOR = {
     "name": "cursor", "in": "query", "required": False,
     "description": "the next page: the previous answer's X-UndoLog-Next-Cursor, unchanged",
-    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,400}$"},
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{0,400}$"},
 }  # fmt: skip
 _RECENT_CALLS = {
     "name": "recent_calls", "in": "query", "required": False,
@@ -112,8 +112,8 @@ _NEXT_CURSOR = {
 _QUERY: dict[tuple[str, str], list[dict[str, Any]]] = {
     ("POST", "/mcp/tool_call"): [
         {"name": "X-UndoLog-Mode", "in": "header", "required": False,
-         "description": "who runs the tool; overrides the body's `mode`",
-         "schema": {"enum": ["proxy", "sdk"]}},
+         "description": "who runs the tool; overrides the body's `mode` (empty: as if absent)",
+         "schema": {"enum": ["proxy", "sdk", ""]}},
     ],
     ("GET", "/approvals"): [
         {"name": "state", "in": "query", "required": False,

@@ -178,7 +178,16 @@ class FailBody(BaseModel):
     error: str
 
 
+_COMMITTED_NEEDS_RESULT: dict[str, Any] = {
+    "if": {"properties": {"outcome": {"const": "committed"}}, "required": ["outcome"]},
+    "then": {"required": ["result"]},
+}
+
+
 class ResolveBody(BaseModel):
+    """`result` is required to resolve as `committed` (the operator says what the call did)."""
+
+    model_config = ConfigDict(json_schema_extra=_COMMITTED_NEEDS_RESULT)
     outcome: Literal["committed", "failed"]
     result: JsonValue = None
     error: str | None = Field(None, pattern=STORABLE)

@@ -64,7 +64,8 @@ class PageSql(AccountSql):
             )
             args += [pattern, pattern, pattern]
         if after is not None:
-            where.append("(s.updated_us < ? OR (s.updated_us = ? AND s.session_id > ?))")
+            # The first bound lets the index range start at the cursor.
+            where.append("s.updated_us <= ? AND (s.updated_us < ? OR s.session_id > ?)")
             args += [after[0], after[0], after[1]]
         rows = await self._fetch(
             f"SELECT {SESSION.select('s')}, k.name FROM sessions s "
@@ -98,7 +99,7 @@ class PageSql(AccountSql):
                 where.append(f"a.{column} = ?")
                 args.append(value)
         if after is not None:
-            where.append("(a.created_us < ? OR (a.created_us = ? AND a.approval_id < ?))")
+            where.append("a.created_us <= ? AND (a.created_us < ? OR a.approval_id < ?)")
             args += [after[0], after[0], after[1]]
         rows = await self._fetch(
             f"SELECT {APPROVAL.select('a')}, k.name FROM approvals a "
@@ -142,20 +143,21 @@ class PageSql(AccountSql):
     ) -> list[EventRecord]:
         """The org's last `limit` events, newest first; `owner`: only those of that key id's
         sessions (none without a session); `session_id`: only that session's."""
-        where = ["org_id = ?"]
+        where = ["e.org_id = ?"]
         args: list[object] = [org_id]
         if session_id is not None:
-            where.append("session_id = ?")
+            where.append("e.session_id = ?")
             args.append(session_id)
         if owner is not None:
+            # Per event, newest first, until the page is full: a probe of the sessions' key.
             where.append(
-                "session_id IN (SELECT session_id FROM sessions WHERE org_id = ? "
-                "AND owner_key_id = ?)"
+                "EXISTS (SELECT 1 FROM sessions s WHERE s.org_id = e.org_id "
+                "AND s.session_id = e.session_id AND s.owner_key_id = ?)"
             )
-            args += [org_id, owner]
+            args.append(owner)
         rows = await self._fetch(
-            f"SELECT {EVENT.select()} FROM events WHERE {' AND '.join(where)} "
-            "ORDER BY event_id DESC LIMIT ?",
+            f"SELECT {EVENT.select('e')} FROM events e WHERE {' AND '.join(where)} "
+            "ORDER BY e.event_id DESC LIMIT ?",
             *args,
             limit,
         )
