@@ -21,6 +21,9 @@ what the proxy answered; anything else fails the run. Why each is not a bug of t
 5. ST202 for a step-less tool call in a session whose last step is already 2**32 - 1 (the
    stateful phase reaches it): 400 "session has no step indexes left" depends on the
    session's earlier calls, which no request schema can express.
+6. ST202 for `GET /sessions` or `GET /approvals` with a `cursor` the list did not hand out:
+   a cursor is an opaque token from an earlier answer's `X-UndoLog-Next-Cursor`; no schema
+   can tell a handed-out one from any other string. The answer is 400 saying so.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ def _code(response: Any) -> str:
 
 
 def excused(code: str, operation: str, case: Any, response: Any) -> str | None:
-    """Which exception (1-5) covers this failure, or None."""
+    """Which exception (1-6) covers this failure, or None."""
     message = _message(response)
     if code == "ST202" and response.status_code == 400:
         if _integral_floats(case.body) and ("integer" in message or "whole number" in message):
@@ -76,6 +79,10 @@ def excused(code: str, operation: str, case: Any, response: Any) -> str | None:
             return "2: upstream not open to this org"
         if message == "session has no step indexes left":
             return "5: the session's step indexes are used up"
+        if operation in ("GET /sessions", "GET /approvals") and message.startswith(
+            "cursor is not one this list handed out"
+        ):
+            return "6: a cursor the list did not hand out"
     if code == "ST204" and case.path == "/health":
         return "3: /health answers every method"
     if (

@@ -113,13 +113,18 @@ def test_the_statuses_bodies_and_queries_are_those_the_routes_use(proxy: ProxyHa
     assert "202" not in paths["/approvals/{id}/approve"]["post"]["responses"]
     queries = {
         path: {p["name"] for p in paths[path]["get"].get("parameters", [])}
-        for path in ("/approvals", "/sessions", "/events")
+        for path in ("/approvals", "/sessions", "/events", "/events/recent")
     }
     assert queries == {
-        "/approvals": {"state", "limit"},
-        "/sessions": {"limit"},
+        "/approvals": {"state", "limit", "tool", "cursor", "recent_calls"},
+        "/sessions": {"limit", "state", "q", "cursor"},
         "/events": {"last_event_id", "Last-Event-ID"},
+        "/events/recent": {"limit", "session_id"},
     }
+    for paged in ("/approvals", "/sessions"):
+        headers = paths[paged]["get"]["responses"]["200"]["headers"]
+        assert "X-UndoLog-Next-Cursor" in headers
+    assert "requested_by" in schemas["Approval"]["required"]
     assert paths["/events"]["get"]["responses"]["200"]["content"] == {
         "text/event-stream": {"schema": {"type": "string"}}
     }

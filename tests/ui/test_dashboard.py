@@ -104,6 +104,7 @@ def test_an_irreversible_call_appears_live_and_approving_it_shows_the_result(
     dashboard.screenshot("approvals-pending")
 
     card.get_by_role("button", name="Approve").click()
+    page.locator("#approve-dialog").get_by_role("button", name="Approve and run").click()
     decided = page.locator("[data-decided]").filter(has_text="delete_database")
     decided.get_by_text("committed").wait_for()
     result = json.loads(decided.locator("pre.result").inner_text())
@@ -267,6 +268,12 @@ def test_works_on_a_narrow_screen_with_the_keyboard(browser: Any, ui_proxy: Prox
         page.keyboard.type("fine by me")
         page.keyboard.press("Tab")
         assert page.evaluate("document.activeElement.textContent") == "Approve"
+        page.keyboard.press("Enter")
+        # The confirmation opens on Cancel (the safe choice): Tab to "Approve and run".
+        page.locator("#approve-dialog[open]").wait_for()
+        assert page.evaluate("document.activeElement.textContent") == "Cancel"
+        page.keyboard.press("Tab")
+        assert page.evaluate("document.activeElement.textContent") == "Approve and run"
         page.keyboard.press("Enter")
         page.locator("[data-decided]").get_by_text("committed").wait_for()
 

@@ -393,6 +393,7 @@ class Engine(Effects):
             decided_us=None,
             decided_by=None,
             reason=None,
+            requested_by_key_id=call.actor.key_id,
         )
         await q.insert_approval(approval)
         await q.insert_event(

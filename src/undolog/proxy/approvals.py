@@ -16,8 +16,10 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from undolog.engine.approvals import DecisionResult, ResolvedByPolicy, Verdict
+from undolog.engine.pages import ApprovalListing, Pages
+from undolog.proxy import pages
 from undolog.proxy.owners import Owned, hide_unowned
-from undolog.proxy.wire import approval_json, json_response
+from undolog.proxy.wire import approval_json, json_response, recent_call_json
 from undolog.services.calls import run_approved
 from undolog.services.waits import MAX_WAIT_SECONDS, wait_for_decision
 from undolog_sdk.errors import EffectInDoubt, InvalidRequest, UndoLogError
@@ -41,18 +43,38 @@ def reference_approval(record: Any) -> dict[str, Any]:
     return body
 
 
+def listed_approval(item: ApprovalListing, *, recent: bool) -> dict[str, Any]:
+    """`reference_approval` with who asked (`requested_by`, `key:NAME`: never the secret)
+    and, when asked for, the session's latest calls (`recent_calls`)."""
+    body = reference_approval(item.approval)
+    body["requested_by"] = None if item.requested_by is None else f"key:{item.requested_by}"
+    if recent:
+        body["recent_calls"] = [recent_call_json(e) for e in item.recent_calls]
+    return body
+
+
 @router.get("/approvals")
 async def list_approvals(request: Request) -> Response:
+    """Approvals newest first: `state` (default `pending`; `all`), `tool`, `limit` (1 to
+    500, else 100, as the reference says), `cursor`, `recent_calls` (docs/dashboard.md)."""
     runtime: Runtime = request.app.state.runtime
-    state = request.query_params.get("state", ApprovalStatus.PENDING)
+    params = request.query_params
     try:
-        limit = int(request.query_params.get("limit", DEFAULT_LIMIT))
+        limit = int(params.get("limit", DEFAULT_LIMIT))
     except ValueError:
         limit = DEFAULT_LIMIT
     if not 1 <= limit <= 500:
         limit = DEFAULT_LIMIT
-    records = await runtime.approvals.list_approvals(request.state.org_id, state, limit)
-    return json_response([reference_approval(r) for r in records])
+    page = await Pages(runtime.store).approvals(
+        request.state.org_id,
+        limit,
+        after=pages.decode_cursor(pages.APPROVALS, params.get("cursor")),
+        status=params.get("state", ApprovalStatus.PENDING),
+        tool=pages.text(params, "tool"),
+        recent_calls=pages.recent_calls(params),
+    )
+    body = [listed_approval(item, recent="recent_calls" in params) for item in page.items]
+    return json_response(body, headers=pages.next_headers(pages.APPROVALS, page.after))
 
 
 def _wait_seconds(request: Request) -> int:
@@ -73,14 +95,16 @@ async def get_approval(id: str, request: Request) -> Response:
     seconds = _wait_seconds(request)
     await hide_unowned(request, Owned.APPROVAL, id)
     org_id: str = request.state.org_id
-    record = await runtime.approvals.get(org_id, id)
-    if seconds and record.status == ApprovalStatus.PENDING:
-        key_id = request.state.principal.key_id
-        if await wait_for_decision(
-            runtime, org_id, id, record.effect_id, key_id=key_id, seconds=seconds
-        ):
-            record = await runtime.approvals.get(org_id, id)
-    return json_response(reference_approval(record))
+    if seconds:
+        record = await runtime.approvals.get(org_id, id)
+        if record.status == ApprovalStatus.PENDING:
+            key_id = request.state.principal.key_id
+            await wait_for_decision(
+                runtime, org_id, id, record.effect_id, key_id=key_id, seconds=seconds
+            )
+    recent = pages.recent_calls(request.query_params)
+    item = await Pages(runtime.store).approval(org_id, id, recent_calls=recent)
+    return json_response(listed_approval(item, recent="recent_calls" in request.query_params))
 
 
 async def _decision_body(request: Request) -> str | None:

@@ -7,7 +7,7 @@ resumes from an id the broker handed out misses nothing.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import APIRouter, Request
@@ -15,8 +15,10 @@ from sse_starlette.event import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
 from starlette.responses import Response
 
+from undolog.engine.pages import Pages
+from undolog.proxy import pages
 from undolog.proxy.inputs import event_id
-from undolog.proxy.owners import EventFilter, actor
+from undolog.proxy.owners import EventFilter, Owned, actor, hide_unowned
 from undolog.proxy.wire import error_body, iso, json_response
 from undolog.services.events import REPLAY_PAGE
 from undolog.store import EventRecord
@@ -24,23 +26,27 @@ from undolog.store import EventRecord
 if TYPE_CHECKING:
     from undolog.services.runtime import Runtime
 
-__all__ = ["event_data", "router"]
+__all__ = ["event_data", "event_fields", "router"]
 
 PING_SECONDS = 25
+RECENT_DEFAULT, RECENT_MAX = 50, 500
+
+
+def event_fields(event: EventRecord) -> dict[str, Any]:
+    """An event's fields as the REST reference shows them in `data:`."""
+    return {
+        "type": event.type,
+        "timestamp": iso(event.created_us),
+        "org_id": event.org_id,
+        "session_id": event.session_id,
+        "effect_id": event.effect_id,
+        "payload": orjson.loads(event.payload_json),
+    }
 
 
 def event_data(event: EventRecord) -> str:
     """The `data:` line of an event, as the REST reference shows it."""
-    return orjson.dumps(
-        {
-            "type": event.type,
-            "timestamp": iso(event.created_us),
-            "org_id": event.org_id,
-            "session_id": event.session_id,
-            "effect_id": event.effect_id,
-            "payload": orjson.loads(event.payload_json),
-        }
-    ).decode()
+    return orjson.dumps(event_fields(event)).decode()
 
 
 router = APIRouter()
@@ -56,6 +62,24 @@ def _resume_from(request: Request) -> int | None:
     return event_id(
         request.headers.get("last-event-id") or request.query_params.get("last_event_id")
     )
+
+
+@router.get("/events/recent")
+async def recent_events(request: Request) -> Response:
+    """The latest events from history, newest first (`limit`, 1 to 500, default 50;
+    `session_id`: one session's), as the stream shows them plus their `id`: a page loads
+    them, then follows `GET /events` from the newest id (docs/dashboard.md)."""
+    runtime: Runtime = request.app.state.runtime
+    params = request.query_params
+    limit = pages.number(params, "limit", RECENT_DEFAULT, 1, RECENT_MAX)
+    session_id = pages.text(params, "session_id")
+    if session_id is not None:
+        await hide_unowned(request, Owned.SESSION, session_id)
+    found = await Pages(runtime.store).recent_events(
+        request.state.org_id, limit, actor=actor(request), session_id=session_id
+    )
+    body = [{"id": str(e.event_id), **event_fields(e)} for e in found]
+    return json_response(body)
 
 
 @router.get("/events")

@@ -17,9 +17,11 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from undolog.engine.pages import ANY_STATUS, MAX_RECENT_CALLS, SESSION_STATES
 from undolog.proxy import schemas as s
 from undolog.proxy.edge import PUBLIC_PATHS
 from undolog.proxy.inputs import MAX_EVENT_ID
+from undolog.proxy.pages import MAX_TEXT, NEXT_CURSOR_HEADER
 from undolog.proxy.toolcall import COMMIT_HEADER
 from undolog_sdk.wire import ApprovalStatus
 
@@ -82,6 +84,7 @@ ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, dict[int, Any]]] = {
     ("POST", "/approvals/{id}/approve"): (s.DecisionBody, _r(s.DecisionResult, *_BODY, 404, 409)),
     ("POST", "/approvals/{id}/reject"): (s.DecisionBody, _r(s.DecisionResult, *_BODY, 404, 409)),
     ("GET", "/events"): (None, {**_r(None, *_KEYED), 200: ("sse", False)}),
+    ("GET", "/events/recent"): (None, _r(s.RecentEvent, *_KEYED, 404, many=True)),
     ("GET", "/overview"): (None, _r(s.Overview, *_KEYED)),
     ("GET", "/webhooks/deliveries"): (None, _r(s.WebhookDelivery, *_KEYED, many=True)),
     ("GET", "/ready"): (None, {200: (s.Ready, False), 503: (s.ErrorBody, False)}),
@@ -92,25 +95,46 @@ _OPTIONAL_BODY = frozenset(
     {("POST", "/approvals/{id}/approve"), ("POST", "/approvals/{id}/reject")}
 )
 
+_CURSOR = {
+    "name": "cursor", "in": "query", "required": False,
+    "description": "the next page: the previous answer's X-UndoLog-Next-Cursor, unchanged",
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{0,400}$"},
+}  # fmt: skip
+_RECENT_CALLS = {
+    "name": "recent_calls", "in": "query", "required": False,
+    "description": f"include each session's latest calls, 0 to {MAX_RECENT_CALLS}",
+    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_RECENT_CALLS, "default": 0},
+}  # fmt: skip
+_NEXT_CURSOR = {
+    "description": "present when there is a next page: pass it as `cursor`",
+    "schema": {"type": "string"},
+}
+
 _QUERY: dict[tuple[str, str], list[dict[str, Any]]] = {
     ("POST", "/mcp/tool_call"): [
         {"name": "X-UndoLog-Mode", "in": "header", "required": False,
-         "description": "who runs the tool; overrides the body's `mode`",
-         "schema": {"enum": ["proxy", "sdk"]}},
+         "description": "who runs the tool; overrides the body's `mode` (empty: as if absent)",
+         "schema": {"enum": ["proxy", "sdk", ""]}},
     ],
     ("GET", "/approvals"): [
         {"name": "state", "in": "query", "required": False,
-         "description": "the approvals' status (default `pending`)",
-         "schema": {"enum": [str(v) for v in ApprovalStatus], "default": "pending"}},
+         "description": "the approvals' status (default `pending`; `all`: every status)",
+         "schema": {"enum": [*(str(v) for v in ApprovalStatus), ANY_STATUS],
+                    "default": "pending"}},
         {"name": "limit", "in": "query", "required": False,
          "description": "1 to 500 (default 100; anything else is taken as 100)",
          "schema": {"type": "string", "default": "100"}},
+        {"name": "tool", "in": "query", "required": False,
+         "description": "only this tool's approvals",
+         "schema": {"type": "string", "maxLength": MAX_TEXT, "pattern": s.STORABLE}},
+        _CURSOR, _RECENT_CALLS,
     ],
     ("GET", "/approvals/{id}"): [
         {"name": "wait", "in": "query", "required": False,
          "description": "answer once the approval is decided, or after this many seconds "
                         "(then pending); 0 to 55, more is taken as 55 (docs/mcp.md)",
          "schema": {"type": "integer", "minimum": 0, "default": 0}},
+        _RECENT_CALLS,
     ],
     ("GET", "/webhooks/deliveries"): [
         {"name": "state", "in": "query", "required": False,
@@ -124,6 +148,21 @@ _QUERY: dict[tuple[str, str], list[dict[str, Any]]] = {
         {"name": "limit", "in": "query", "required": False,
          "description": "1 to 500 (default 100; another integer is taken as 100)",
          "schema": {"type": "integer", "default": 100}},
+        {"name": "state", "in": "query", "required": False,
+         "description": "only sessions in this state",
+         "schema": {"enum": sorted(SESSION_STATES)}},
+        {"name": "q", "in": "query", "required": False,
+         "description": "text in the session id, the creating key's name or a tool it called",
+         "schema": {"type": "string", "maxLength": MAX_TEXT, "pattern": s.STORABLE}},
+        _CURSOR,
+    ],
+    ("GET", "/events/recent"): [
+        {"name": "limit", "in": "query", "required": False,
+         "description": "how many of the latest events, 1 to 500 (default 50)",
+         "schema": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50}},
+        {"name": "session_id", "in": "query", "required": False,
+         "description": "only this session's events",
+         "schema": {"type": "string", "maxLength": MAX_TEXT, "pattern": s.STORABLE}},
     ],
     ("GET", "/events"): [
         {"name": "last_event_id", "in": "query", "required": False,
@@ -335,6 +374,8 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     for answered in ("200", "202"):
         call["responses"][answered]["headers"]["X-UndoLog-Step-Index"] = _STEP_HEADER
     call["responses"]["200"]["headers"][COMMIT_HEADER] = _COMMIT_HEADER
+    for paged in ("/sessions", "/approvals"):
+        doc["paths"][paged]["get"]["responses"]["200"]["headers"][NEXT_CURSOR_HEADER] = _NEXT_CURSOR
     doc["paths"].update(_extra_paths(schemas))
     return doc
 

@@ -77,6 +77,7 @@ PERMISSIONS: dict[tuple[str, str], frozenset[Role]] = {
     ("POST", "/approvals//approve"): _APPROVER,
     ("POST", "/approvals//reject"): _APPROVER,
     ("GET", "/events"): _READ,
+    ("GET", "/events/recent"): _READ,
     ("GET", "/overview"): _APPROVER,
 }
 

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from undolog.engine.pages import Pages
+from undolog.proxy import pages
 from undolog.proxy.inputs import scrubbed, storable
 from undolog.proxy.owners import Owned, actor, hide_unowned
 from undolog.proxy.wire import (
@@ -207,11 +209,24 @@ async def get_effect(id: str, request: Request) -> Response:
 
 @router.get("/sessions")
 async def list_sessions(request: Request, limit: int = 100) -> Response:
+    """Sessions, latest update first: `state`, `q` (in the session id, the creating key's
+    name or a tool it called), `limit` (1 to 500, else 100), `cursor` (docs/dashboard.md)."""
     limit = limit if 1 <= limit <= 500 else 100
-    sessions = await _runtime(request).engine.list_sessions(
-        request.state.org_id, limit, actor(request)
+    params = request.query_params
+    page = await Pages(_runtime(request).store).sessions(
+        request.state.org_id,
+        limit,
+        actor=actor(request),
+        after=pages.decode_cursor(pages.SESSIONS, params.get("cursor")),
+        state=params.get("state"),
+        text=pages.text(params, "q"),
     )
-    return json_response([session_json(s) for s in sessions])
+    body = []
+    for item in page.items:
+        listed = session_json(item.session)
+        listed["created_by"] = None if item.created_by is None else f"key:{item.created_by}"
+        body.append(listed)
+    return json_response(body, headers=pages.next_headers(pages.SESSIONS, page.after))
 
 
 @router.get("/sessions/{id}")

@@ -178,7 +178,16 @@ class FailBody(BaseModel):
     error: str
 
 
+_COMMITTED_NEEDS_RESULT: dict[str, Any] = {
+    "if": {"properties": {"outcome": {"const": "committed"}}, "required": ["outcome"]},
+    "then": {"required": ["result"]},
+}
+
+
 class ResolveBody(BaseModel):
+    """`result` is required to resolve as `committed` (the operator says what the call did)."""
+
+    model_config = ConfigDict(json_schema_extra=_COMMITTED_NEEDS_RESULT)
     outcome: Literal["committed", "failed"]
     result: JsonValue = None
     error: str | None = Field(None, pattern=STORABLE)
@@ -190,6 +199,9 @@ class Session(BaseModel):
     last_step: int
     created_at: str | None
     updated_at: str | None
+    created_by: str | None = Field(
+        None, description="in GET /sessions: `key:NAME` of the key whose call created it"
+    )
 
 
 class UndoEntry(BaseModel):
@@ -225,6 +237,29 @@ class NoteBody(BaseModel):
     note: str = Field(pattern=STORABLE)
 
 
+class RecentCall(BaseModel):
+    """One of a session's latest calls, shown beside an approval."""
+
+    effect_id: str
+    step_index: int
+    tool_name: str
+    tier: str
+    state: str
+    created_at: str | None
+
+
+class RecentEvent(BaseModel):
+    """An event from history, as `GET /events` sends it in `data:`, with its `id`."""
+
+    id: str = Field(description="the event id: resume `GET /events` after it")
+    type: str
+    timestamp: str | None
+    org_id: str
+    session_id: str | None
+    effect_id: str | None
+    payload: Any
+
+
 class Approval(BaseModel):
     id: str
     org_id: str
@@ -239,6 +274,12 @@ class Approval(BaseModel):
     decided_at: str | None
     decided_by: str | None
     reason: str | None
+    requested_by: str | None = Field(
+        description="`key:NAME` of the key whose call asked for it (never the secret)"
+    )
+    recent_calls: list[RecentCall] | None = Field(
+        None, description="with `recent_calls=N`: the session's latest N calls, last first"
+    )
 
 
 class WebhookDelivery(BaseModel):

@@ -31,6 +31,7 @@ __all__ = [
     "iso",
     "json_response",
     "loads_exact",
+    "recent_call_json",
     "session_json",
     "tool_json",
     "undo_entry_json",
@@ -190,6 +191,19 @@ def approval_json(approval: ApprovalRecord) -> dict[str, Any]:
         "decided_at": iso(approval.decided_us),
         "decided_by": approval.decided_by,
         "reason": approval.reason,
+    }
+
+
+def recent_call_json(effect: EffectRecord) -> dict[str, Any]:
+    """One of a session's latest calls, beside an approval: what it was and how it ended
+    (no arguments nor result: the session's page has those)."""
+    return {
+        "effect_id": effect.effect_id,
+        "step_index": effect.step_index,
+        "tool_name": effect.tool_name,
+        "tier": effect.tier,
+        "state": effect.state,
+        "created_at": iso(effect.created_us),
     }
 
 

@@ -124,6 +124,48 @@ class Queries(Protocol):
     ) -> list[SessionRecord]:
         """The org's sessions, latest first; with `owner`, only those that key id owns."""
 
+    async def page_sessions(
+        self,
+        org_id: str,
+        limit: int,
+        *,
+        after: tuple[int, str] | None = None,
+        owner: str | None = None,
+        state: str | None = None,
+        text: str | None = None,
+    ) -> list[tuple[SessionRecord, str | None]]:
+        """A page of sessions, latest update first, after the keyset (updated_us,
+        session_id), each with its creating key's name; filtered by owner key id, state, and
+        `text` found in the session id, the key's name or a tool it called."""
+
+    async def page_approvals(
+        self,
+        org_id: str,
+        limit: int,
+        *,
+        after: tuple[int, str] | None = None,
+        status: str | None = None,
+        tool: str | None = None,
+        approval_id: str | None = None,
+    ) -> list[tuple[ApprovalRecord, str | None]]:
+        """A page of approvals, newest first, after the keyset (created_us, approval_id),
+        each with the name of the key whose call asked for it."""
+
+    async def recent_effects(
+        self, org_id: str, session_ids: Sequence[str], per_session: int
+    ) -> dict[str, list[EffectRecord]]:
+        """The last `per_session` effects (highest step first) of each session."""
+
+    async def recent_events(
+        self,
+        org_id: str,
+        limit: int,
+        *,
+        owner: str | None = None,
+        session_id: str | None = None,
+    ) -> list[EventRecord]:
+        """The last `limit` events, newest first (of `owner`'s sessions / of one session)."""
+
     async def session_owner(self, org_id: str, kind: str, id_: str) -> tuple[bool, str | None]:
         """Whether the org has a `kind` (session, effect, approval, undo_entry) with this id,
         and the owner key id of the session it belongs to (None: a session without owner)."""

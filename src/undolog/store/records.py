@@ -134,6 +134,8 @@ class ApprovalRecord:
     decided_us: int | None
     decided_by: str | None
     reason: str | None
+    # The id of the API key whose call asked for it (None: no key, e.g. the engine's own).
+    requested_by_key_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

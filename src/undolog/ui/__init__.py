@@ -1,6 +1,7 @@
-"""The dashboard: one HTML page, one JS module and one CSS file, served at `/ui` by the proxy.
+"""The dashboard: one HTML page, its ES modules and one CSS file, served at `/ui` by the proxy.
 
-No build step and no CDN: the files ship inside the package (`static/`). The page talks to
+No build step and no CDN: the files ship inside the package (`static/`; the modules are
+listed in `app.js` and docs/dashboard.md). The page talks to
 the REST API with `fetch` and follows `GET /events`; it signs in through `/ui/login`
 (`undolog.proxy.ui_auth`), which sets the session cookie the edge accepts.
 """

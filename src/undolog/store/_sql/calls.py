@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from undolog.store._sql.health import HealthSql
+from undolog.store._sql.pages import PageSql
 from undolog.store._sql.retention import RetentionSql
 from undolog.store._sql.rows import (
     APPROVAL,
@@ -27,7 +28,7 @@ from undolog.store.records import ApprovalRecord, EffectRecord, EventRecord, Und
 from undolog_sdk.wire import ApprovalStatus, UndoState
 
 
-class SqlQueries(RetentionSql, HealthSql, WebhookSql):
+class SqlQueries(RetentionSql, HealthSql, WebhookSql, PageSql):
     """All statements of the store, bound to one connection (and maybe one transaction)."""
 
     # -- effects -----------------------------------------------------------------------------
