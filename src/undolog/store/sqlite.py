@@ -22,7 +22,7 @@ import aiosqlite
 
 from undolog.store._sql import SqlQueries
 from undolog.store.base import StoreBase, load_migrations
-from undolog.store.protocol import ExecuteNew, Queries, Store
+from undolog.store.protocol import ExecuteNew, NewCall, Queries, Store
 from undolog.store.records import EffectRecord, UndoEntryRecord
 from undolog_sdk.errors import Database
 from undolog_sdk.wire import SessionState
@@ -139,9 +139,7 @@ class SqliteStore(StoreBase):
 
     async def execute_new(
         self,
-        effect: EffectRecord,
-        undo: UndoEntryRecord | None,
-        event: tuple[str, str],
+        new: NewCall,
         replay: tuple[Collection[str], str, str],
         *,
         owner: str | None = None,
@@ -151,15 +149,17 @@ class SqliteStore(StoreBase):
 
         An effect that has the signature is answered "exists" (a replay included: the engine
         replays it with its event written best-effort, so a store that cannot write still
-        serves replays). The single writer serialises new calls: there is no "busy".
+        serves replays); the new call's records are built only after that read missed. The
+        single writer serialises new calls: there is no "busy".
         """
-        org_id, session_id = effect.org_id, effect.session_id
+        org_id, session_id = new.org_id, new.session_id
         async with self.reader() as q:
             if owner_only and not await _may_use(q, org_id, session_id, owner):
                 return "forbidden", None
-            seen = await q.get_effect_by_signature(org_id, effect.call_signature)
+            seen = await q.get_effect_by_signature(org_id, new.call_signature)
         if seen is not None:
             return "exists", seen
+        effect, undo, event = new.records()
         try:
             async with self.transaction() as q:
                 now = effect.created_us
