@@ -14,7 +14,7 @@ import re
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Collection, Coroutine, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -304,10 +304,27 @@ class SqliteStore(StoreBase):
         except sqlite3.Error as exc:
             raise Database(str(exc)) from exc
 
-    def autocommit(self) -> AbstractAsyncContextManager[Queries]:
-        # A write of its own, committed in a group like any other (see `transaction`): one
-        # statement alone would cost an fsync of its own.
-        return self.transaction()
+    @asynccontextmanager
+    async def autocommit(self) -> AsyncIterator[Queries]:
+        """Single-statement writes: each commits alone while no other writer is about (as
+        cheap as a write gets: no BEGIN, no COMMIT); with writers waiting or a batch open,
+        a write of the batch like any other (see `transaction`), one fsync for all."""
+        conn = self._writer
+        if conn is None:
+            raise Database("store is closed")
+        if self._batch is not None or self._waiting or self._write_lock.locked():
+            async with self.transaction() as q:
+                yield q
+            return
+        await self._acquire()  # free: taken at once, nobody came between
+        q = _SqliteQueries(conn)
+        try:
+            yield q
+        except sqlite3.Error as exc:
+            raise Database(str(exc)) from exc
+        finally:
+            await self._hand_on(conn)
+        self._committed(q)
 
     async def schema_version(self) -> int:
         async with self.reader() as q:
