@@ -4,7 +4,8 @@ One writer connection (SQLite has one writer anyway) guarded by an asyncio lock,
 transaction opened with `BEGIN IMMEDIATE` so that writers from other processes sharing the file
 queue on `busy_timeout` instead of failing at commit. WAL lets a separate reader connection see
 committed data while a write is open. `synchronous=FULL` makes a committed intent durable
-before the tool runs.
+before the tool runs. Concurrent writers share one transaction, each under a savepoint, and
+one fsync (group commit, docs/performance.md).
 """
 
 from __future__ import annotations
