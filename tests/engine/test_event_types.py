@@ -30,7 +30,7 @@ EVENT_WRITERS: dict[str, list[tuple[int, str, int | None]]] = {
     "insert_event": [(1, "type_", None)],
     "insert_executing_effect": [(2, "event_type", None)],
     "finish_effect": [(-1, "event_type", None)],
-    "execute_new": [(2, "event", 0), (3, "replay", 1)],
+    "execute_new": [(1, "replay", 1)],
 }
 _ENUMS = {"EventType": EventType, "UndoState": UndoState}
 

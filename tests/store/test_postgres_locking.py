@@ -15,7 +15,7 @@ import pytest
 
 from tests.store.contract_helpers import make_effect, make_undo
 from undolog.engine import Decision, Engine, Outcome
-from undolog.store import Store
+from undolog.store import NewCall, Store
 from undolog.store.postgres import PostgresStore, advisory_key
 from undolog_sdk.errors import AdvisoryLockTimeout, Database, InProgress, SessionClosed
 
@@ -260,7 +260,7 @@ async def test_execute_new_inserts_a_new_call_then_hands_back_its_row_or_replays
 ) -> None:
     store = await open_pg()
     effect = make_effect(org_id)
-    assert await store.execute_new(effect, make_undo(effect), INTERCEPTED, REPLAY) == (
+    assert await store.execute_new(NewCall.of(effect, make_undo(effect), INTERCEPTED), REPLAY) == (
         "inserted",
         None,
     )
@@ -273,10 +273,13 @@ async def test_execute_new_inserts_a_new_call_then_hands_back_its_row_or_replays
     assert [u.effect_id for u in undo] == [effect.effect_id]
 
     again = make_effect(org_id, session_id=effect.session_id, call_signature=effect.call_signature)
-    assert await store.execute_new(again, None, INTERCEPTED, REPLAY) == ("exists", effect)
+    assert await store.execute_new(NewCall.of(again, None, INTERCEPTED), REPLAY) == (
+        "exists",
+        effect,
+    )
     async with store.transaction() as q:
         await q.update_effect(org_id, effect.effect_id, state="committed", result='{"ok":1}')
-    outcome, row = await store.execute_new(again, None, INTERCEPTED, REPLAY)
+    outcome, row = await store.execute_new(NewCall.of(again, None, INTERCEPTED), REPLAY)
     assert outcome == "replayed"
     assert row is not None and (row.effect_id, row.result_json) == (effect.effect_id, '{"ok":1}')
     async with store.reader() as q:
@@ -293,7 +296,10 @@ async def test_execute_new_writes_nothing_while_the_signature_lock_is_held_elsew
     holder = asyncio.create_task(hold_lock(first, effect.call_signature, held, release))
     try:
         await wait(held.wait())
-        assert await second.execute_new(effect, None, INTERCEPTED, REPLAY) == ("busy", None)
+        assert await second.execute_new(NewCall.of(effect, None, INTERCEPTED), REPLAY) == (
+            "busy",
+            None,
+        )
     finally:
         release.set()
         await wait(holder)
@@ -310,7 +316,10 @@ async def test_execute_new_inserts_nothing_in_a_session_that_is_not_active(
     async with store.transaction() as q:
         await q.touch_session(org_id, effect.session_id, 0, effect.created_us)
         await q.update_session(org_id, effect.session_id, effect.created_us, state="completed")
-    assert await store.execute_new(effect, None, INTERCEPTED, REPLAY) == ("closed", None)
+    assert await store.execute_new(NewCall.of(effect, None, INTERCEPTED), REPLAY) == (
+        "closed",
+        None,
+    )
     async with store.reader() as q:
         assert await q.get_effect(org_id, effect.effect_id) is None
         assert await q.list_events(org_id, session_id=effect.session_id) == []
@@ -342,7 +351,7 @@ async def test_execute_new_records_the_owner_and_refuses_another_keys_session_un
     store = await open_pg()
     effect = make_effect(org_id)
     inserted = await store.execute_new(
-        effect, None, INTERCEPTED, REPLAY, owner="key-a", owner_only=True
+        NewCall.of(effect, None, INTERCEPTED), REPLAY, owner="key-a", owner_only=True
     )
     assert inserted == ("inserted", None)
     async with store.transaction() as q:
@@ -352,12 +361,12 @@ async def test_execute_new_records_the_owner_and_refuses_another_keys_session_un
     # Another agent key sending A's very call: refused before the replay, nothing written.
     again = make_effect(org_id, session_id=effect.session_id, call_signature=effect.call_signature)
     refused = await store.execute_new(
-        again, None, INTERCEPTED, REPLAY, owner="key-b", owner_only=True
+        NewCall.of(again, None, INTERCEPTED), REPLAY, owner="key-b", owner_only=True
     )
     assert refused == ("forbidden", None)
     other = make_effect(org_id, session_id=effect.session_id)
     refused = await store.execute_new(
-        other, None, INTERCEPTED, REPLAY, owner="key-b", owner_only=True
+        NewCall.of(other, None, INTERCEPTED), REPLAY, owner="key-b", owner_only=True
     )
     assert refused == ("forbidden", None)
     async with store.reader() as q:
@@ -366,11 +375,13 @@ async def test_execute_new_records_the_owner_and_refuses_another_keys_session_un
         events = await q.list_events(org_id, session_id=effect.session_id)
     assert [e.type for e in events] == ["effect_intercepted"]
     # An org-wide key (owner_only false) uses it, and does not become its owner.
-    replayed, _ = await store.execute_new(again, None, INTERCEPTED, REPLAY, owner="key-admin")
-    assert replayed == "replayed"
-    assert (await store.execute_new(other, None, INTERCEPTED, REPLAY, owner="key-admin"))[0] == (
-        "inserted"
+    replayed, _ = await store.execute_new(
+        NewCall.of(again, None, INTERCEPTED), REPLAY, owner="key-admin"
     )
+    assert replayed == "replayed"
+    assert (
+        await store.execute_new(NewCall.of(other, None, INTERCEPTED), REPLAY, owner="key-admin")
+    )[0] == ("inserted")
     async with store.reader() as q:
         after = await q.get_session(org_id, effect.session_id)
     assert after is not None and after.owner_key_id == "key-a"

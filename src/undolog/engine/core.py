@@ -39,7 +39,7 @@ from undolog.engine.states import (
     SessionState,
     UndoState,
 )
-from undolog.store.protocol import Queries, Store
+from undolog.store.protocol import NewCall, NewRecords, Queries, Store
 from undolog.store.records import (
     ApprovalRecord,
     EffectRecord,
@@ -234,21 +234,26 @@ class Engine(Effects):
         Raises `Forbidden` when the session is another key's and the actor is held to its
         own (the store checks it before anything else).
         """
-        now = self._clock()
-        effect = self._new_effect(call, step, signature, now, executing=True)
-        replay_payload = self._replayed_payload(call.tool.name, step)
+        built: list[EffectRecord] = []
+
+        def records() -> NewRecords:
+            # Called by the store only when it writes (or must send) the new call: a replay
+            # does not pay for an effect, an undo entry and an event it never records.
+            effect = self._new_effect(call, step, signature, self._clock(), executing=True)
+            built.append(effect)
+            event = (EventType.EFFECT_INTERCEPTED, self._intercepted_payload(effect))
+            return effect, self._new_undo_entry(effect, call.tool), event
+
         outcome, existing = await self.store.execute_new(
-            effect,
-            self._new_undo_entry(effect, call.tool),
-            (EventType.EFFECT_INTERCEPTED, self._intercepted_payload(effect)),
-            (_REPLAYABLE, EventType.EFFECT_REPLAYED, replay_payload),
+            NewCall(call.org_id, call.session_id, signature, records),
+            (_REPLAYABLE, EventType.EFFECT_REPLAYED, self._replayed_payload(call.tool.name, step)),
             owner=call.actor.key_id,
             owner_only=call.actor.own_sessions_only,
         )
         if outcome == "forbidden":
             raise session_refused(call.session_id)
         if outcome == "inserted":
-            return Decision(Outcome.EXECUTE, effect.effect_id, step, signature, call.tool)
+            return Decision(Outcome.EXECUTE, built[0].effect_id, step, signature, call.tool)
         if outcome == "replayed":
             assert existing is not None
             return self._replay_decision(existing, call.tool)

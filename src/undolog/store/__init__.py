@@ -3,7 +3,7 @@ implementation on shared SQL (store/_sql/)."""
 
 from __future__ import annotations
 
-from undolog.store.protocol import Queries, Store
+from undolog.store.protocol import NewCall, Queries, Store
 from undolog.store.records import (
     ApprovalRecord,
     EffectRecord,
@@ -18,6 +18,7 @@ __all__ = [
     "ApprovalRecord",
     "EffectRecord",
     "EventRecord",
+    "NewCall",
     "OrgRecord",
     "Queries",
     "SessionRecord",

@@ -13,8 +13,8 @@ from contextlib import AbstractAsyncContextManager
 from importlib import resources
 from typing import Any, ClassVar
 
-from undolog.store.protocol import ExecuteNew, Queries
-from undolog.store.records import EffectRecord, UndoEntryRecord
+from undolog.store.protocol import ExecuteNew, NewCall, Queries
+from undolog.store.records import EffectRecord
 
 __all__ = ["StoreBase", "load_migrations"]
 
@@ -27,9 +27,7 @@ class StoreBase(abc.ABC):
     @abc.abstractmethod
     async def execute_new(
         self,
-        effect: EffectRecord,
-        undo: UndoEntryRecord | None,
-        event: tuple[str, str],
+        new: NewCall,
         replay: tuple[Collection[str], str, str],
         *,
         owner: str | None = None,

@@ -21,7 +21,7 @@ from undolog.store._columns import numbered
 from undolog.store._sql import EFFECT, SqlQueries
 from undolog.store._sql.rows import FINISHABLE, SDK_RUNNER, UNDO
 from undolog.store.base import StoreBase, load_migrations
-from undolog.store.protocol import ExecuteNew, Queries, Store
+from undolog.store.protocol import ExecuteNew, NewCall, Queries, Store
 from undolog.store.records import EffectRecord, UndoEntryRecord
 from undolog_sdk.errors import AdvisoryLockTimeout, Database
 from undolog_sdk.wire import SessionState
@@ -170,16 +170,14 @@ class _PostgresQueries(SqlQueries):
 
     async def execute_new(
         self,
-        effect: EffectRecord,
-        undo: UndoEntryRecord | None,
-        event: tuple[str, str],
+        new: NewCall,
         replay: tuple[Collection[str], str, str],
         owner: str | None,
         owner_only: bool,
     ) -> tuple[ExecuteNew, EffectRecord | None]:
         """`PostgresStore.execute_new`: one call of `undolog_execute_new` (migrations 4, 7, 9,
-        10)."""
-        e, u = effect, undo
+        10). The records travel with the call, so they are built before it."""
+        e, u, event = new.records()
         replay_states, replay_type, replay_payload = replay
         row = await self._conn.fetchrow(
             "SELECT * FROM undolog_execute_new($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, "
@@ -303,9 +301,7 @@ class PostgresStore(StoreBase):
 
     async def execute_new(
         self,
-        effect: EffectRecord,
-        undo: UndoEntryRecord | None,
-        event: tuple[str, str],
+        new: NewCall,
         replay: tuple[Collection[str], str, str],
         *,
         owner: str | None = None,
@@ -315,7 +311,7 @@ class PostgresStore(StoreBase):
         # released when it returns.
         async with self.reader() as q:
             assert isinstance(q, _PostgresQueries)
-            return await q.execute_new(effect, undo, event, replay, owner, owner_only)
+            return await q.execute_new(new, replay, owner, owner_only)
 
     async def listen(self, channel: str, callback: Callable[[], None]) -> Callable[[], Any]:
         """LISTEN on a dedicated connection; `callback` runs on every notification."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
 from undolog.store.records import (
@@ -26,12 +27,35 @@ from undolog.store.records import (
     WebhookDeliveryRecord,
 )
 
-__all__ = ["ExecuteNew", "Queries", "Store"]
+__all__ = ["ExecuteNew", "NewCall", "NewRecords", "Queries", "Store"]
 
 # What `Store.execute_new` did: wrote the new call, or replayed it, or found its signature
 # taken, its lock busy or its session not active (the engine takes its full path).
 # "forbidden": the session is another key's and the caller may use only its own.
 ExecuteNew = Literal["inserted", "replayed", "exists", "busy", "closed", "forbidden"]
+
+# A new call's records: its effect, its undo entry (if any) and its event (a type, a payload).
+NewRecords = tuple[EffectRecord, UndoEntryRecord | None, tuple[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class NewCall:
+    """A new call as `Store.execute_new` takes it: the key a store looks it up by, and its
+    records, built on demand. A store that reads before it writes (SQLite) builds them only
+    when the signature is not taken, so a replay pays nothing for a call it does not make."""
+
+    org_id: str
+    session_id: str
+    call_signature: str
+    records: Callable[[], NewRecords]
+
+    @classmethod
+    def of(
+        cls, effect: EffectRecord, undo: UndoEntryRecord | None, event: tuple[str, str]
+    ) -> NewCall:
+        """A new call whose records are already built."""
+        built: NewRecords = (effect, undo, event)
+        return cls(effect.org_id, effect.session_id, effect.call_signature, lambda: built)
 
 
 class Queries(Protocol):
@@ -448,9 +472,7 @@ class Store(Protocol):
 
     async def execute_new(
         self,
-        effect: EffectRecord,
-        undo: UndoEntryRecord | None,
-        event: tuple[str, str],
+        new: NewCall,
         replay: tuple[Collection[str], str, str],
         *,
         owner: str | None = None,
@@ -470,9 +492,11 @@ class Store(Protocol):
         that effect. A store may answer "exists" for a replayable one too: the engine then
         replays it, its event written best-effort on its own (SQLite does). Otherwise, under
         the signature's lock (not waited for: "busy"), and only if the session, touched as
-        `touch_session` does, is active ("closed"), insert `effect` with its undo entry and
-        `event` ("inserted"). The engine decides when to ask; "exists", "busy" and "closed"
-        send it down its full path, which holds the whole decision table.
+        `touch_session` does, is active ("closed"), insert `new`'s records — its effect with
+        its undo entry and event ("inserted"); a store calls `new.records()` only when it
+        writes them or must send them (once at most). The engine decides when to ask;
+        "exists", "busy" and "closed" send it down its full path, which holds the whole
+        decision table.
         """
 
     def on_events(self, callback: Callable[[], None]) -> Callable[[], None]:

@@ -4,7 +4,8 @@ One writer connection (SQLite has one writer anyway) guarded by an asyncio lock,
 transaction opened with `BEGIN IMMEDIATE` so that writers from other processes sharing the file
 queue on `busy_timeout` instead of failing at commit. WAL lets a separate reader connection see
 committed data while a write is open. `synchronous=FULL` makes a committed intent durable
-before the tool runs.
+before the tool runs. Concurrent writers share one transaction, each under a savepoint, and
+one fsync (group commit, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import re
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Coroutine, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -22,7 +23,7 @@ import aiosqlite
 
 from undolog.store._sql import SqlQueries
 from undolog.store.base import StoreBase, load_migrations
-from undolog.store.protocol import ExecuteNew, Queries, Store
+from undolog.store.protocol import ExecuteNew, NewCall, Queries, Store
 from undolog.store.records import EffectRecord, UndoEntryRecord
 from undolog_sdk.errors import Database
 from undolog_sdk.wire import SessionState
@@ -31,6 +32,20 @@ __all__ = ["SqliteStore"]
 
 BUSY_TIMEOUT_MS = 10_000
 _ACTIVE = SessionState.ACTIVE.value
+
+
+# The most writers one transaction holds: a bound on how long the first waits for its answer.
+MAX_BATCH = 64
+
+
+class _Batch:
+    """The open write transaction that writers join (see `SqliteStore.transaction`)."""
+
+    __slots__ = ("done", "marks")
+
+    def __init__(self) -> None:
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.marks = 0  # savepoints taken: the writers after the first
 
 
 class _SqliteQueries(SqlQueries):
@@ -76,6 +91,10 @@ class SqliteStore(StoreBase):
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._write_lock = asyncio.Lock()
+        self._waiting = 0  # writers waiting for `_write_lock`
+        self._batch: _Batch | None = None  # the open write transaction, if any
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.commits = 0  # write transactions committed (each one fsync)
 
     @classmethod
     async def open(cls, url: str) -> SqliteStore:
@@ -112,36 +131,134 @@ class SqliteStore(StoreBase):
 
     @asynccontextmanager
     async def transaction(self, lock_key: str | None = None) -> AsyncIterator[Queries]:
+        """One write transaction, committed in a group with the writers waiting behind it.
+
+        The writer's `BEGIN IMMEDIATE ... COMMIT` is shared: a writer that finds the
+        transaction of a batch open joins it under a savepoint (its failure rolls back its
+        own writes only); the writer that finds nobody waiting behind it, or the batch full,
+        commits for all. Each is answered after that commit: an answered write is on disk.
+        A lone writer commits at once. See docs/performance.md ("SQLite group commit").
+        """
         conn = self._writer
         if conn is None:
             raise Database("store is closed")
-        async with self._write_lock:
+        await self._acquire()
+        try:
             try:
-                await conn.execute("BEGIN IMMEDIATE")
+                batch, mark = await self._join(conn)
             except sqlite3.Error as exc:
                 raise Database(str(exc)) from exc
             q = _SqliteQueries(conn)
             try:
                 yield q
             except BaseException as exc:
-                with suppress(sqlite3.Error):
-                    await conn.execute("ROLLBACK")
+                await self._roll_back(conn, batch, mark)
                 if isinstance(exc, sqlite3.Error):
                     raise Database(str(exc)) from exc
                 raise
-            try:
-                await conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                with suppress(sqlite3.Error):
-                    await conn.execute("ROLLBACK")
-                raise Database(str(exc)) from exc
-            self._committed(q)
+        finally:
+            await self._hand_on(conn)
+        # Shielded: the future is shared by the batch's writers, and a cancelled await would
+        # cancel it for all of them.
+        await asyncio.shield(batch.done)
+        self._committed(q)
+
+    async def _acquire(self) -> None:
+        """Take the writer, counted among those waiting for it while it is held."""
+        self._waiting += 1
+        try:
+            await self._write_lock.acquire()
+        except asyncio.CancelledError:
+            self._waiting -= 1
+            if not self._waiting and self._batch is not None and not self._write_lock.locked():
+                # The holder left the batch open for this writer, which will not come: close it.
+                self._spawn(self._flush())
+            raise
+        self._waiting -= 1
+
+    async def _join(self, conn: aiosqlite.Connection) -> tuple[_Batch, str | None]:
+        """Open a batch (`BEGIN IMMEDIATE`) or join the open one under a savepoint."""
+        batch = self._batch
+        if batch is None:
+            await conn.execute("BEGIN IMMEDIATE")
+            batch = self._batch = _Batch()
+            return batch, None
+        batch.marks += 1
+        mark = f"w{batch.marks}"
+        await conn.execute(f"SAVEPOINT {mark}")
+        return batch, mark
+
+    async def _roll_back(self, conn: aiosqlite.Connection, batch: _Batch, mark: str | None) -> None:
+        """Undo one writer's writes: its savepoint, or the whole transaction if it opened it
+        (nobody else is in a batch before its first writer ends)."""
+        if mark is not None:
+            with suppress(sqlite3.Error):
+                await conn.execute(f"ROLLBACK TO {mark}")
+            if conn.in_transaction:
+                return
+            # SQLite ended the transaction itself (an I/O error, a full disk): the writes of
+            # the batch's earlier writers are gone with it.
+            self._end(batch, Database("the write transaction was rolled back by SQLite"))
+            return
+        with suppress(sqlite3.Error):
+            await conn.execute("ROLLBACK")
+        self._end(batch, None)
+
+    async def _hand_on(self, conn: aiosqlite.Connection) -> None:
+        """Leave the open batch to the next waiting writer, or commit it and answer its
+        writers; the next writer gets in once that is done."""
+        batch = self._batch
+        if batch is None or (self._waiting and batch.marks < MAX_BATCH - 1):
+            self._write_lock.release()
+            return
+        commit = asyncio.ensure_future(self._commit(conn, batch))
+        # Released when the commit is done, even if this writer is cancelled meanwhile: a
+        # writer let in before would open its transaction behind a COMMIT that may fail.
+        commit.add_done_callback(lambda _: self._write_lock.release())
+        await asyncio.shield(commit)
+
+    async def _commit(self, conn: aiosqlite.Connection, batch: _Batch) -> None:
+        self._batch = None
+        try:
+            await conn.execute("COMMIT")
+        except (sqlite3.Error, ValueError) as exc:  # ValueError: aiosqlite's closed connection
+            with suppress(sqlite3.Error, ValueError):
+                await conn.execute("ROLLBACK")
+            self._end(batch, Database(str(exc)))
+            return
+        except BaseException:
+            self._end(batch, Database("the write transaction was interrupted"))
+            raise
+        self.commits += 1
+        self._end(batch, None)
+
+    def _end(self, batch: _Batch, error: Database | None) -> None:
+        if self._batch is batch:
+            self._batch = None
+        if batch.done.done():
+            return
+        if error is None:
+            batch.done.set_result(None)
+        else:
+            batch.done.set_exception(error)
+            batch.done.exception()  # retrieved: a batch may have no writer left to raise it
+
+    async def _flush(self) -> None:
+        """Commit a batch whose next writer went away."""
+        conn = self._writer
+        if conn is None:
+            return
+        await self._acquire()
+        await self._hand_on(conn)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def execute_new(
         self,
-        effect: EffectRecord,
-        undo: UndoEntryRecord | None,
-        event: tuple[str, str],
+        new: NewCall,
         replay: tuple[Collection[str], str, str],
         *,
         owner: str | None = None,
@@ -151,15 +268,17 @@ class SqliteStore(StoreBase):
 
         An effect that has the signature is answered "exists" (a replay included: the engine
         replays it with its event written best-effort, so a store that cannot write still
-        serves replays). The single writer serialises new calls: there is no "busy".
+        serves replays); the new call's records are built only after that read missed. The
+        single writer serialises new calls: there is no "busy".
         """
-        org_id, session_id = effect.org_id, effect.session_id
+        org_id, session_id = new.org_id, new.session_id
         async with self.reader() as q:
             if owner_only and not await _may_use(q, org_id, session_id, owner):
                 return "forbidden", None
-            seen = await q.get_effect_by_signature(org_id, effect.call_signature)
+            seen = await q.get_effect_by_signature(org_id, new.call_signature)
         if seen is not None:
             return "exists", seen
+        effect, undo, event = new.records()
         try:
             async with self.transaction() as q:
                 now = effect.created_us
@@ -188,16 +307,25 @@ class SqliteStore(StoreBase):
 
     @asynccontextmanager
     async def autocommit(self) -> AsyncIterator[Queries]:
+        """Single-statement writes: each commits alone while no other writer is about (as
+        cheap as a write gets: no BEGIN, no COMMIT); with writers waiting or a batch open,
+        a write of the batch like any other (see `transaction`), one fsync for all."""
         conn = self._writer
         if conn is None:
             raise Database("store is closed")
-        async with self._write_lock:
-            q = _SqliteQueries(conn)
-            try:
+        if self._batch is not None or self._waiting or self._write_lock.locked():
+            async with self.transaction() as q:
                 yield q
-            except sqlite3.Error as exc:
-                raise Database(str(exc)) from exc
-            self._committed(q)
+            return
+        await self._acquire()  # free: taken at once, nobody came between
+        q = _SqliteQueries(conn)
+        try:
+            yield q
+        except sqlite3.Error as exc:
+            raise Database(str(exc)) from exc
+        finally:
+            await self._hand_on(conn)
+        self._committed(q)
 
     async def schema_version(self) -> int:
         async with self.reader() as q:
@@ -217,8 +345,11 @@ class SqliteStore(StoreBase):
         conn = self._writer
         if conn is None:
             raise Database("store is closed")
-        async with self._write_lock:
+        await self._acquire()
+        try:
             try:
+                if self._batch is not None:
+                    await self._commit(conn, self._batch)
                 await conn.execute("BEGIN IMMEDIATE")
                 await conn.execute(
                     "CREATE TABLE IF NOT EXISTS undolog_schema_version "
@@ -243,6 +374,8 @@ class SqliteStore(StoreBase):
                 with suppress(sqlite3.Error):
                     await conn.execute("ROLLBACK")
                 raise Database(f"migration failed: {exc}") from exc
+        finally:
+            self._write_lock.release()
         return current
 
     async def close(self) -> None:
