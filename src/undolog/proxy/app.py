@@ -23,6 +23,7 @@ from undolog.proxy.events import router as events_router
 from undolog.proxy.metrics_listener import MetricsListener
 from undolog.proxy.openapi import install_openapi
 from undolog.proxy.overview import router as overview_router
+from undolog.proxy.policy import router as policy_router
 from undolog.proxy.ratelimit import FailureLimiter
 from undolog.proxy.ready import router as ready_router
 from undolog.proxy.routes import router
@@ -136,6 +137,7 @@ def create_app(settings: Settings) -> Any:
     api.include_router(events_router)
     api.router.routes.append(Route("/mcp", gateway, methods=["GET", "POST", "DELETE"]))
     api.include_router(overview_router)
+    api.include_router(policy_router)
     api.include_router(ready_router)
     api.state.ready_timeout_seconds = settings.ready_timeout_seconds
     api.include_router(ui_auth_router)

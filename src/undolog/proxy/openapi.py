@@ -83,6 +83,9 @@ ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, dict[int, Any]]] = {
     ("POST", "/approvals/{id}/reject"): (s.DecisionBody, _r(s.DecisionResult, *_BODY, 404, 409)),
     ("GET", "/events"): (None, {**_r(None, *_KEYED), 200: ("sse", False)}),
     ("GET", "/overview"): (None, _r(s.Overview, *_KEYED)),
+    ("GET", "/policy/rules"): (None, _r(s.PolicyRules, *_KEYED)),
+    ("PUT", "/policy/rules"): (s.PolicyRulesBody, _r(s.PolicyRules, *_BODY)),
+    ("POST", "/policy/dry-run"): (s.DryRunBody, _r(s.DryRunAnswer, *_BODY, 404)),
     ("GET", "/ready"): (None, {200: (s.Ready, False), 503: (s.ErrorBody, False)}),
 }
 

@@ -328,6 +328,8 @@ async def run_approved(
     log = runtime.log.bind(
         request_id=request_id, org_id=effect.org_id, session_id=effect.session_id
     )
+    # An approver's changed arguments, if any, are what runs (docs/approvals.md).
+    args_json = result.approval.approved_args_json or effect.args_json
     return await execute_decision(
-        runtime, result.run, orjson.loads(effect.args_json), effect.session_id, request_id, log
+        runtime, result.run, orjson.loads(args_json), effect.session_id, request_id, log
     )

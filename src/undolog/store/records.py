@@ -18,6 +18,7 @@ __all__ = [
     "EventRecord",
     "KeyRecord",
     "OrgRecord",
+    "PolicyRecord",
     "SessionRecord",
     "ToolRecord",
     "UndoEntryRecord",
@@ -31,6 +32,16 @@ class OrgRecord:
     approval_timeout_s: int
     auto_approve_on_timeout: bool
     created_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRecord:
+    """An org's policy rules as one JSON list, in order (`undolog.engine.rules`)."""
+
+    org_id: str
+    rules_json: str
+    updated_us: int
+    updated_by: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +142,14 @@ class ApprovalRecord:
     decided_us: int | None
     decided_by: str | None
     reason: str | None
+    # Migration 13 (docs/approvals.md): the policy rule that asked for or decided it, how many
+    # distinct approver keys it needs, who approved so far (JSON list of {"key_id", "by"}),
+    # the arguments an approver changed the call to, and the key id that made the call.
+    rule: str | None = None
+    approvers_required: int = 1
+    approved_by_json: str = "[]"
+    approved_args_json: str | None = None
+    requested_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
