@@ -86,6 +86,8 @@ class OrgConfig:
     keys: tuple[KeyConfig, ...] = ()
     approval_timeout_seconds: int = DEFAULT_APPROVAL_TIMEOUT_SECONDS
     auto_approve_on_timeout: bool = False
+    # `[[orgs.rules]]` (docs/approvals.md); None: the file names none, stored ones stay.
+    rules: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,7 @@ _ORG_KEYS = frozenset(
         "keys",
         "approval_timeout_seconds",
         "auto_approve_on_timeout",
+        "rules",
     }
 )
 _TOOL_KEYS = frozenset(
@@ -311,6 +314,8 @@ def _orgs_from_toml(data: Mapping[str, Any]) -> tuple[OrgConfig, ...]:
                     item.get("auto_approve_on_timeout", False),
                     bool,
                 ),
+                # Checked at start-up by the engine, as the API checks them.
+                rules=tuple(dict(r) for r in _tables(item, "rules")) if "rules" in item else None,
             )
         )
     seen: set[str] = set()

@@ -25,6 +25,7 @@ from undolog.services.lease import LeaseKeeper
 from undolog.services.metrics import ProxyMetrics
 from undolog.store import Store, open_store
 from undolog.upstreams import UpstreamRegistry
+from undolog_sdk.errors import InvalidRequest
 from undolog_sdk.tier import ToolTier
 
 __all__ = ["Runtime", "config_key_grants", "open_runtime", "unknown_tool_org", "upstream_registry"]
@@ -122,6 +123,11 @@ async def open_runtime(settings: Settings, metrics: ProxyMetrics | None = None) 
                 approval_timeout_s=org.approval_timeout_seconds,
                 auto_approve_on_timeout=org.auto_approve_on_timeout,
             )
+            if org.rules is not None:  # the file's rules replace the stored ones at start
+                try:
+                    await engine.put_rules(org.org_id, list(org.rules), updated_by="config")
+                except InvalidRequest as exc:
+                    raise ValueError(f"[[orgs]] {org.org_id!r}: {exc.message}") from None
         keys = Keys(store)
         # The config is the source of truth for its keys: listed ones are stored (moved to
         # the org that lists them now), the others revoked.
