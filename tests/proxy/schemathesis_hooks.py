@@ -21,6 +21,13 @@ what the proxy answered; anything else fails the run. Why each is not a bug of t
 5. ST202 for a step-less tool call in a session whose last step is already 2**32 - 1 (the
    stateful phase reaches it): 400 "session has no step indexes left" depends on the
    session's earlier calls, which no request schema can express.
+6. ST202 for `PUT /policy/rules` with a rule the schema cannot fully describe: a condition
+   outside the rule language (a string schema cannot hold a grammar), `approvers` on a rule
+   that is not `require`, a name used twice. The answer is 400 naming the rule and the part
+   (`rules[N].condition: ...`), and nothing is saved (docs/approvals.md).
+7. ST202 for `POST /approvals/{id}/approve` with `args` for an SDK-executed call: the agent
+   runs those with its own arguments, so changed arguments are refused (400), which depends
+   on how the call was made, not on the request.
 """
 
 from __future__ import annotations
@@ -65,7 +72,7 @@ def _code(response: Any) -> str:
 
 
 def excused(code: str, operation: str, case: Any, response: Any) -> str | None:
-    """Which exception (1-5) covers this failure, or None."""
+    """Which exception (1-7) covers this failure, or None."""
     message = _message(response)
     if code == "ST202" and response.status_code == 400:
         if _integral_floats(case.body) and ("integer" in message or "whole number" in message):
@@ -76,6 +83,10 @@ def excused(code: str, operation: str, case: Any, response: Any) -> str | None:
             return "2: upstream not open to this org"
         if message == "session has no step indexes left":
             return "5: the session's step indexes are used up"
+        if operation == "PUT /policy/rules" and message.startswith("rules"):
+            return "6: a rule outside the language"
+        if operation == "POST /approvals/{id}/approve" and "proxy-executed" in message:
+            return "7: changed args for an SDK-executed call"
     if code == "ST204" and case.path == "/health":
         return "3: /health answers every method"
     if (
