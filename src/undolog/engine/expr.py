@@ -23,7 +23,8 @@ call does not send simply does not match.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["MAX_DEPTH", "MAX_LENGTH", "MAX_NODES", "Expr", "ExprError", "parse"]
@@ -58,9 +59,10 @@ class Expr:
 
     source: str
     node: Any
+    run: Callable[[Any], Any] = field(compare=False, repr=False)
 
     def holds(self, args: Any) -> bool:
-        return _truthy(_evaluate(self.node, args))
+        return self.run(args) is True
 
 
 # Nodes: ("lit", value) ("path", (key, ...)) ("list", (value, ...)) ("not", node)
@@ -258,7 +260,8 @@ def parse(source: str) -> Expr:
         raise ExprError(f"the condition is longer than {MAX_LENGTH} characters")
     if not source.strip():
         raise ExprError("the condition is empty")
-    return Expr(source, _Parser(source).parse())
+    node = _Parser(source).parse()
+    return Expr(source, node, _compile(node))
 
 
 def _lookup(args: Any, keys: tuple[str | int, ...]) -> Any:
@@ -279,10 +282,6 @@ def _kind(value: Any) -> str:
     if isinstance(value, (int, float)):
         return "number"
     return type(value).__name__
-
-
-def _truthy(value: Any) -> bool:
-    return value is True
 
 
 def _compare(op: str, left: Any, right: Any) -> bool:
@@ -316,18 +315,25 @@ def _compare(op: str, left: Any, right: Any) -> bool:
     return bool(left >= right)
 
 
-def _evaluate(node: Any, args: Any) -> Any:
+def _compile(node: Any) -> Callable[[Any], Any]:
+    """The tree as nested closures, built once: evaluating one is a few calls per node."""
     tag = node[0]
-    if tag == "lit":
-        return node[1]
+    if tag in ("lit", "list"):
+        value = node[1]
+        return lambda args: value
     if tag == "path":
-        return _lookup(args, node[1])
-    if tag == "list":
-        return node[1]
+        keys = node[1]
+        if len(keys) == 1 and isinstance(keys[0], str):
+            key = keys[0]
+            return lambda args: args.get(key) if isinstance(args, dict) else None
+        return lambda args: _lookup(args, keys)
     if tag == "not":
-        return not _truthy(_evaluate(node[1], args))
-    if tag == "and":
-        return all(_truthy(_evaluate(part, args)) for part in node[1])
-    if tag == "or":
-        return any(_truthy(_evaluate(part, args)) for part in node[1])
-    return _compare(node[1], _evaluate(node[2], args), _evaluate(node[3], args))
+        inner = _compile(node[1])
+        return lambda args: inner(args) is not True
+    if tag in ("and", "or"):
+        parts = tuple(_compile(part) for part in node[1])
+        if tag == "and":
+            return lambda args: all(part(args) is True for part in parts)
+        return lambda args: any(part(args) is True for part in parts)
+    op, left, right = node[1], _compile(node[2]), _compile(node[3])
+    return lambda args: _compare(op, left(args), right(args))
