@@ -100,7 +100,7 @@ def test_the_statuses_bodies_and_queries_are_those_the_routes_use(proxy: ProxyHa
         ("/effects/{id}/fail", "FailBody"),
         ("/effects/{id}/resolve", "ResolveBody"),
         ("/approvals/{id}/approve", "DecisionBody"),
-        ("/approvals/{id}/reject", "DecisionBody"),
+        ("/approvals/{id}/reject", "RejectBody"),  # changed args go with an approval only
         ("/undo/{entry}/complete", "UndoReportBody"),
     ]:
         body = paths[path]["post"]["requestBody"]
@@ -108,6 +108,7 @@ def test_the_statuses_bodies_and_queries_are_those_the_routes_use(proxy: ProxyHa
     assert paths["/approvals/{id}/approve"]["post"]["requestBody"]["required"] is False
     schemas = spec["components"]["schemas"]
     assert schemas["DecisionBody"]["additionalProperties"] is False  # decided_by: refused
+    assert schemas["RejectBody"]["additionalProperties"] is False
     assert schemas["ResolveBody"]["properties"]["outcome"]["enum"] == ["committed", "failed"]
     assert "502" in paths["/sessions/{id}/rollback"]["post"]["responses"]
     assert "202" not in paths["/approvals/{id}/approve"]["post"]["responses"]

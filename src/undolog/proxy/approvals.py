@@ -85,7 +85,7 @@ async def _decision_body(request: Request) -> tuple[str | None, Any]:
         raise InvalidRequest(f"malformed decision body: unknown fields {sorted(unknown)}")
     if data.get("reason") is not None and not isinstance(data["reason"], str):
         raise InvalidRequest("malformed decision body: 'reason' must be a string")
-    if "args" in data and not isinstance(data["args"], dict):
+    if data.get("args") is not None and not isinstance(data["args"], dict):
         raise InvalidRequest("malformed decision body: 'args' must be a JSON object")
     reason: str | None = data.get("reason")
     return reason, data.get("args")

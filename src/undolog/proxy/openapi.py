@@ -80,7 +80,7 @@ ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, dict[int, Any]]] = {
     ("GET", "/approvals"): (None, _r(s.Approval, *_KEYED, many=True)),
     ("GET", "/approvals/{id}"): (None, _r(s.Approval, *_KEYED, 404)),
     ("POST", "/approvals/{id}/approve"): (s.DecisionBody, _r(s.DecisionResult, *_BODY, 404, 409)),
-    ("POST", "/approvals/{id}/reject"): (s.DecisionBody, _r(s.DecisionResult, *_BODY, 404, 409)),
+    ("POST", "/approvals/{id}/reject"): (s.RejectBody, _r(s.DecisionResult, *_BODY, 404, 409)),
     ("GET", "/events"): (None, {**_r(None, *_KEYED), 200: ("sse", False)}),
     ("GET", "/overview"): (None, _r(s.Overview, *_KEYED)),
     ("GET", "/policy/rules"): (None, _r(s.PolicyRules, *_KEYED)),

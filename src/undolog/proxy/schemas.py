@@ -30,6 +30,7 @@ __all__ = [
     "PolicyRules",
     "PolicyRulesBody",
     "Ready",
+    "RejectBody",
     "ResolveBody",
     "Rollback",
     "Session",
@@ -317,11 +318,14 @@ class Rollback(BaseModel):
     message: str | None = None
 
 
-class DecisionBody(BaseModel):
+class RejectBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reason: str | None = None
+
+
+class DecisionBody(RejectBody):
     args: JsonObject | None = Field(
-        None, description="approve only: the arguments the call runs with instead"
+        None, description="the arguments the call runs with instead (null: as requested)"
     )
 
 
