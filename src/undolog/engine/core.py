@@ -76,10 +76,12 @@ _UNFINISHED_STATES = (
 # The states a call replays from, as the store takes them (`Store.execute_new`).
 _REPLAYABLE = tuple(sorted(state.value for state in REPLAYABLE_STATES))
 
-# Effect states whose approval the decision needs (its id, status and reason).
+# Effect states whose approval the decision needs: its id, status and reason, or (a run
+# again) the args an approver changed the call to.
 _APPROVAL_STATES = frozenset(
-    {EffectState.AWAITING_APPROVAL, EffectState.REJECTED, EffectState.TIMED_OUT}
-)
+    {EffectState.AWAITING_APPROVAL, EffectState.REJECTED, EffectState.TIMED_OUT,
+     EffectState.EXECUTING, EffectState.FAILED}
+)  # fmt: skip
 
 
 class Engine(Intents):

@@ -92,6 +92,8 @@ class Decision:
     approval_id: str | None = None
     result_json: str | None = None
     logged: bool = True
+    # An Execute of a call an approver changed: the args it runs with (docs/approvals.md).
+    args_json: str | None = None
 
 
 @dataclass(frozen=True)

@@ -154,9 +154,9 @@ async def run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcome
         return CallOutcome(CallStatus.PENDING_APPROVAL, decision)
     if call.mode == ExecutionMode.SDK:
         return CallOutcome(CallStatus.EXECUTE, decision)
-    execution = await execute_decision(
-        runtime, decision, call.args, call.session_id, request_id, log
-    )
+    # A call an approver changed runs with the approved args, also when run again.
+    args = orjson.loads(decision.args_json) if decision.args_json else call.args
+    execution = await execute_decision(runtime, decision, args, call.session_id, request_id, log)
     if execution.error is not None:
         return CallOutcome(CallStatus.FAILED, decision, error=execution.error)
     return CallOutcome(
