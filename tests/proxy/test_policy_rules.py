@@ -379,3 +379,16 @@ def test_changed_args_are_checked(proxy: ProxyHarness) -> None:
         )
         assert refused.status_code == 400 and "proxy-executed" in refused.json()["message"]
         assert person.get(f"/approvals/{approval_id}").json()["status"] == "pending"
+
+
+@pytest.mark.security
+def test_the_dry_run_refuses_what_no_store_can_hold_and_bad_bodies(proxy: ProxyHarness) -> None:
+    with proxy.client(proxy.approver_key) as person:
+        for body in (
+            {"tool_name": "echo\u0000", "args": {}},
+            {"tool_name": "", "args": {}},
+            {"tool_name": "echo", "args": [1]},
+            {"tool_name": "echo", "args": {}, "org_id": "another"},
+        ):
+            refused = person.post("/policy/dry-run", json=body)
+            assert (refused.status_code, code(refused)) == (400, "invalid_request"), body

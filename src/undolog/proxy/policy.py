@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from undolog.engine.rules import Rule, rules_json
+from undolog.proxy.inputs import storable
 from undolog.proxy.wire import json_response, loads_exact
 from undolog_sdk.errors import InvalidRequest
 
@@ -71,6 +72,7 @@ async def dry_run(request: Request) -> Response:
     tool_name = data.get("tool_name")
     if not isinstance(tool_name, str) or not tool_name:
         raise InvalidRequest("tool_name must be a non-empty string")
+    storable(tool_name, "tool_name")
     found = await runtime.engine.dry_run(request.state.org_id, tool_name, data.get("args"))
     return json_response(
         {
