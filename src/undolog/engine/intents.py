@@ -65,6 +65,10 @@ class Intents(Effects):
         """
         if not isinstance(args, dict):
             raise InvalidRequest("args must be a JSON object")
+        try:  # the checks of a call's args, so the answer is the one a call would get
+            canonical_json(args)
+        except ValueError as exc:
+            raise InvalidRequest(f"args cannot be canonicalised: {exc}") from None
         tool = await self.get_tool(org_id, tool_name)
         tier = ToolTier(tool.tier)
         if tier.is_safe:  # never recorded, so no rule applies
