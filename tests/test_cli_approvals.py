@@ -174,3 +174,19 @@ def test_the_installed_command_lists_approvals(proxy: ProxyHarness) -> None:
     assert completed.returncode == 0, completed.stderr
     assert [a["id"] for a in json.loads(completed.stdout)] == [approval_id]
     assert httpx.get(f"{proxy.url}/health").status_code == 200
+
+
+def test_approve_with_args_runs_the_changed_call_and_bad_json_is_refused(
+    proxy: ProxyHarness,
+) -> None:
+    approval_id = await_approval(proxy)
+    bad = undolog(proxy, "approve", approval_id, "--args", "{not json")
+    assert bad.exit_code != 0
+    assert api_list(proxy)[0]["status"] == "pending"
+    result = undolog(proxy, "approve", approval_id, "--args", '{"db_name": "db-copy"}')
+    assert result.exit_code == 0, result.output
+    assert "execution committed" in result.stdout
+    with proxy.client() as c:
+        card = c.get(f"/approvals/{approval_id}").json()
+    assert card["approved_args"] == {"db_name": "db-copy"}
+    assert card["args_diff"]["changed"] == {"db_name": {"from": "db-1", "to": "db-copy"}}

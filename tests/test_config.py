@@ -463,3 +463,31 @@ def test_connection_caps_default_to_the_named_constants() -> None:
 def test_a_connection_cap_of_zero_is_a_value_error(name: str) -> None:
     with pytest.raises(ValueError, match="greater than 0"):
         load(env={name: "0"})
+
+
+def test_an_orgs_rules_are_read_from_its_section_and_none_means_keep_the_stored(
+    write_toml: WriteToml,
+) -> None:
+    settings = load(
+        write_toml(
+            '[[orgs]]\nid = "a"\n[[orgs.rules]]\nname = "small"\ntool = "pay"\n'
+            'condition = "amount < 100"\naction = "approve"\n[[orgs]]\nid = "b"\n'
+        )
+    )
+    first, second = settings.orgs
+    assert first.rules == (
+        {"name": "small", "tool": "pay", "condition": "amount < 100", "action": "approve"},
+    )
+    assert second.rules is None
+    with pytest.raises(ValueError, match="rules"):
+        load(write_toml('[[orgs]]\nid = "a"\nrules = "amount < 1"\n'))
+
+
+async def test_a_bad_rule_in_the_config_stops_the_start(store_url: str) -> None:
+    from undolog.config import OrgConfig
+    from undolog.services.runtime import open_runtime
+
+    bad = OrgConfig(org_id="a", rules=({"name": "x", "condition": "amount <", "action": "deny"},))
+    settings = Settings(database_url=store_url, orgs=(bad,))
+    with pytest.raises(ValueError, match=r"rules\[0\].condition"):
+        await open_runtime(settings)

@@ -192,15 +192,23 @@ def approvals_list(
 
 
 def _decide(action: str, approval_id: str, reason: str | None,
-            url: str | None, api_key: str | None, as_json: bool) -> None:  # fmt: skip
+            url: str | None, api_key: str | None, as_json: bool,
+            args: str | None = None) -> None:  # fmt: skip
     # Who decides is the API key's name, recorded by the proxy: nothing to send for it.
-    body = {"reason": reason} if reason is not None else {}
+    body: dict[str, Any] = {"reason": reason} if reason is not None else {}
+    if args is not None:  # approve with changes (docs/approvals.md)
+        try:
+            body["args"] = orjson.loads(args)
+        except orjson.JSONDecodeError as exc:
+            raise typer.BadParameter(f"--args is not JSON: {exc}") from None
     data = _request("POST", url, api_key, f"/approvals/{approval_id}/{action}", body)
     if as_json:
         _print_json(data)
         return
     line = f"approval {data['approval_id']}: {data['status']}"
-    if "execution" in data:
+    if data.get("execution") == "awaiting_approvers":
+        line += f"; approvals {data.get('approvals')} of {data.get('approvers_required')}"
+    elif "execution" in data:
         line += f"; execution {data['execution']}"
         if data.get("error"):
             line += f": {data['error']}"
@@ -213,12 +221,15 @@ def _decide(action: str, approval_id: str, reason: str | None,
 def approvals_approve(
     approval_id: str,
     reason: str = typer.Option(None, "--reason", help="Why (stored and shown)"),
+    args: str = typer.Option(
+        None, "--args", help="The call's arguments as changed by you (a JSON object)"
+    ),
     url: str = _URL,
     api_key: str = _KEY,
     as_json: bool = _JSON,
 ) -> None:
-    """Approve a pending request; a proxy-executed call runs now."""
-    _decide("approve", approval_id, reason, url, api_key, as_json)
+    """Approve a pending request; a proxy-executed call runs now (with --args: those)."""
+    _decide("approve", approval_id, reason, url, api_key, as_json, args)
 
 
 @approvals_app.command("reject")

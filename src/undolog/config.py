@@ -93,6 +93,8 @@ class OrgConfig:
     auto_approve_on_timeout: bool = False
     retention_days: int | None = None  # finished sessions kept (docs/retention.md); None: forever
     webhooks: tuple[WebhookConfig, ...] = ()  # [[orgs.webhooks]] (undolog.webhook_config)
+    # `[[orgs.rules]]` (docs/approvals.md); None: the file names none, stored ones stay.
+    rules: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -214,6 +216,7 @@ _ORG_KEYS = frozenset(
         "auto_approve_on_timeout",
         "retention_days",
         "webhooks",
+        "rules",
     }
 )
 _TOOL_KEYS = frozenset(
@@ -342,6 +345,8 @@ def _orgs_from_toml(data: Mapping[str, Any], env: Mapping[str, str]) -> tuple[Or
                 ),
                 retention_days=days,
                 webhooks=parse_webhooks(where, item.get("webhooks"), env),
+                # Checked at start-up by the engine, as the API checks them.
+                rules=tuple(dict(r) for r in _tables(item, "rules")) if "rules" in item else None,
             )
         )
     seen: set[str] = set()

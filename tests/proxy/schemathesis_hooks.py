@@ -24,6 +24,13 @@ what the proxy answered; anything else fails the run. Why each is not a bug of t
 6. ST202 for `GET /sessions` or `GET /approvals` with a `cursor` the list did not hand out:
    a cursor is an opaque token from an earlier answer's `X-UndoLog-Next-Cursor`; no schema
    can tell a handed-out one from any other string. The answer is 400 saying so.
+7. ST202 for `PUT /policy/rules` with a rule the schema cannot fully describe: a condition
+   outside the rule language (a string schema cannot hold a grammar), `approvers` on a rule
+   that is not `require`, a name used twice. The answer is 400 naming the rule and the part
+   (`rules[N].condition: ...`), and nothing is saved (docs/approvals.md).
+8. ST202 for `POST /approvals/{id}/approve` with `args` for an SDK-executed call: the agent
+   runs those with its own arguments, so changed arguments are refused (400), which depends
+   on how the call was made, not on the request.
 """
 
 from __future__ import annotations
@@ -68,7 +75,7 @@ def _code(response: Any) -> str:
 
 
 def excused(code: str, operation: str, case: Any, response: Any) -> str | None:
-    """Which exception (1-6) covers this failure, or None."""
+    """Which exception (1-8) covers this failure, or None."""
     message = _message(response)
     if code == "ST202" and response.status_code == 400:
         if _integral_floats(case.body) and ("integer" in message or "whole number" in message):
@@ -83,6 +90,10 @@ def excused(code: str, operation: str, case: Any, response: Any) -> str | None:
             "cursor is not one this list handed out"
         ):
             return "6: a cursor the list did not hand out"
+        if operation == "PUT /policy/rules" and message.startswith("rules"):
+            return "7: a rule outside the language"
+        if operation == "POST /approvals/{id}/approve" and "proxy-executed" in message:
+            return "8: changed args for an SDK-executed call"
     if code == "ST204" and case.path == "/health":
         return "3: /health answers every method"
     if (

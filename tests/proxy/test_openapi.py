@@ -100,7 +100,7 @@ def test_the_statuses_bodies_and_queries_are_those_the_routes_use(proxy: ProxyHa
         ("/effects/{id}/fail", "FailBody"),
         ("/effects/{id}/resolve", "ResolveBody"),
         ("/approvals/{id}/approve", "DecisionBody"),
-        ("/approvals/{id}/reject", "DecisionBody"),
+        ("/approvals/{id}/reject", "RejectBody"),  # changed args go with an approval only
         ("/undo/{entry}/complete", "UndoReportBody"),
     ]:
         body = paths[path]["post"]["requestBody"]
@@ -108,6 +108,7 @@ def test_the_statuses_bodies_and_queries_are_those_the_routes_use(proxy: ProxyHa
     assert paths["/approvals/{id}/approve"]["post"]["requestBody"]["required"] is False
     schemas = spec["components"]["schemas"]
     assert schemas["DecisionBody"]["additionalProperties"] is False  # decided_by: refused
+    assert schemas["RejectBody"]["additionalProperties"] is False
     assert schemas["ResolveBody"]["properties"]["outcome"]["enum"] == ["committed", "failed"]
     assert "502" in paths["/sessions/{id}/rollback"]["post"]["responses"]
     assert "202" not in paths["/approvals/{id}/approve"]["post"]["responses"]
@@ -214,3 +215,21 @@ def test_a_mode_that_is_not_a_string_is_a_400_not_a_500(proxy: ProxyHarness) -> 
             assert answer.status_code == 400, answer.text
             assert answer.json()["code"] == "invalid_request"
             assert answer.json()["message"] == "mode must be 'proxy' or 'sdk'"
+
+
+def test_an_empty_mode_header_is_a_400_not_the_bodys_mode(proxy: ProxyHarness) -> None:
+    """Found by schemathesis: `X-UndoLog-Mode:` (empty) fell back to the body's mode."""
+    body = {"session_id": "6f1c1f5e-0a7e-4c39-9d38-3e0b7f3a2b12", "tool_name": "echo", "args": {}}
+    with proxy.client() as client:
+        answer = client.post("/mcp/tool_call", json=body, headers={"X-UndoLog-Mode": ""})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["code"] == "invalid_request"
+
+
+def test_the_dry_run_refuses_args_that_have_no_canonical_form(proxy: ProxyHarness) -> None:
+    """Found by schemathesis: the dry run took an integer beyond 2**64 - 1 a call refuses."""
+    body = {"tool_name": "delete_database", "args": {"n": 2**64}}
+    with proxy.client() as client:
+        answer = client.post("/policy/dry-run", json=body)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["code"] == "invalid_request"

@@ -95,6 +95,7 @@ EXPORTS: dict[str, list[str]] = {
         "NotExecuting",
         "NotFound",
         "PayloadTooLarge",
+        "PolicyDenied",
         "RateLimited",
         "Serialization",
         "SessionClosed",

@@ -138,6 +138,10 @@ class ForbiddenProxyError(_errors.Forbidden, ProxyError):
     pass
 
 
+class PolicyDeniedProxyError(_errors.PolicyDenied, ProxyError):
+    pass
+
+
 class NotFoundProxyError(_errors.NotFound, ProxyError):
     pass
 
@@ -210,6 +214,7 @@ _TYPED: dict[type[_errors.UndoLogError], type[ProxyError]] = {
         InvalidRequestProxyError,
         AuthFailedProxyError,
         ForbiddenProxyError,
+        PolicyDeniedProxyError,
         NotFoundProxyError,
         MethodNotAllowedProxyError,
         PayloadTooLargeProxyError,

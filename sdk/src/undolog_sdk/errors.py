@@ -24,6 +24,7 @@ group is what the proxy's REST API adds.
      ├── AuthFailed                     403 auth_failed
      │    ├── AuthMissing               401 auth_failed
      │    └── Forbidden                 403 forbidden
+     │         └── PolicyDenied         403 policy_denied
      ├── NotFound                       404 not_found
      ├── MethodNotAllowed               405 method_not_allowed
      ├── PayloadTooLarge                413 payload_too_large
@@ -72,6 +73,7 @@ __all__ = [
     "NotExecuting",
     "NotFound",
     "PayloadTooLarge",
+    "PolicyDenied",
     "RateLimited",
     "Serialization",
     "SessionClosed",
@@ -303,6 +305,21 @@ class Forbidden(AuthFailed):
 
     code = "forbidden"
     http_status = 403
+
+
+class PolicyDenied(Forbidden):
+    """An org's policy rule refused the call before it was recorded (its `deny` action)."""
+
+    code = "policy_denied"
+    http_status = 403
+
+    def __init__(self, rule: str, tool_name: str) -> None:
+        self.rule = rule
+        self.tool_name = tool_name
+        super().__init__(f"Tool '{tool_name}' call refused by policy rule '{rule}'")
+
+    def fields(self) -> dict[str, Any]:
+        return {"rule": self.rule, "tool_name": self.tool_name}
 
 
 class NotFound(UndoLogError):

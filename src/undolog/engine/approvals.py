@@ -14,9 +14,11 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
+from undolog.engine.changes import Approver, Edit, approvers_after, check_edit
 from undolog.engine.core import Engine
 from undolog.engine.decide import Action
 from undolog.engine.model import Decision, lock_key
@@ -109,8 +111,15 @@ class Approvals:
         *,
         reason: str | None = None,
         decided_by: str | None = None,
+        approver_key_id: str | None = None,
+        args: Any = None,
     ) -> DecisionResult:
         """Approve or reject a pending approval.
+
+        `args` (approve only, None: unchanged) are the arguments the call runs with instead of
+        the requested ones (docs/approvals.md, "Approve with changes"). An approval that needs
+        N approvers (a `require` rule) stays pending until N distinct keys approved the same
+        arguments; the key that made the call cannot approve it.
 
         Raises:
             NotFound: no such approval in this org.
@@ -119,11 +128,19 @@ class Approvals:
                 approved it now, and the caller must run `error.result.run` if set.
             ApprovalTimedOut: its deadline passed before this decision.
             SessionClosed: approving a call whose session no longer runs.
+            InvalidRequest: `args` with a rejection, not a JSON object, or over the bounds.
+            Forbidden: the key that made a rule-required call approving it.
         """
         reason = _clean_text(reason, "reason")
         decided_by = _clean_text(decided_by, "decided_by")
+        edit = None
+        if args is not None:
+            if verdict is Verdict.REJECT:
+                raise InvalidRequest("'args' goes with an approval, not a rejection")
+            edit = check_edit(args)
+        who = Approver(approver_key_id, decided_by)
         async with self.store.transaction(lock_key=lock_key("approval", org_id, approval_id)) as q:
-            outcome = await self._decide(q, org_id, approval_id, verdict, reason, decided_by)
+            outcome = await self._decide(q, org_id, approval_id, verdict, reason, who, edit)
         if isinstance(outcome, Exception):  # raised only now, so the expiry it found is kept
             raise outcome
         return outcome
@@ -135,9 +152,11 @@ class Approvals:
         approval_id: str,
         verdict: Verdict,
         reason: str | None,
-        decided_by: str | None,
+        who: Approver,
+        edit: Edit | None,
     ) -> DecisionResult | Exception:
         now = self._clock()
+        decided_by = who.by
         approval = await q.get_approval(org_id, approval_id)
         if approval is None:
             raise NotFound(f"approval '{approval_id}' not found")
@@ -157,9 +176,24 @@ class Approvals:
         session = await q.get_session(org_id, approval.session_id)
         if session is None or session.state != SessionState.ACTIVE:
             raise SessionClosed(approval.session_id, session.state if session else "?")
+        if edit is not None and effect.mode != ExecutionMode.PROXY:
+            raise InvalidRequest(
+                "'args' needs a proxy-executed call: an SDK-executed call runs the agent's own "
+                "arguments"
+            )
+        approved_by, approved_args = approvers_after(approval, who, edit)
+        if len(approved_by) < approval.approvers_required:  # more approvers to come
+            await q.update_approval(
+                org_id, approval_id, expect_status=ApprovalStatus.PENDING.value,
+                approved_by=orjson.dumps(approved_by).decode(), approved_args=approved_args,
+            )  # fmt: skip
+            waiting = await q.get_approval(org_id, approval_id)
+            assert waiting is not None
+            return DecisionResult(waiting, effect)
         return await self._approve(
-            q, approval, effect, ApprovalStatus.APPROVED, now, reason, decided_by
-        )
+            q, approval, effect, ApprovalStatus.APPROVED, now, reason, decided_by,
+            approved_by=orjson.dumps(approved_by).decode(), approved_args=approved_args,
+        )  # fmt: skip
 
     async def _approve(
         self,
@@ -170,10 +204,13 @@ class Approvals:
         now: int,
         reason: str | None,
         decided_by: str | None,
+        **changes: Any,
     ) -> DecisionResult:
+        """Approve (by a person or by the timeout policy); `changes`: the approvers and the
+        changed arguments of a person's approval."""
         changed = await q.update_approval(
             approval.org_id, approval.approval_id, expect_status=ApprovalStatus.PENDING.value,
-            status=status.value, decided_us=now, decided_by=decided_by, reason=reason,
+            status=status.value, decided_us=now, decided_by=decided_by, reason=reason, **changes,
         )  # fmt: skip
         if not changed:
             raise ApprovalAlreadyResolved(approval.approval_id)

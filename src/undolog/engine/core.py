@@ -11,15 +11,13 @@ them to the wire.
 
 from __future__ import annotations
 
-import functools
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-import orjson
-
 from undolog.engine.decide import Action, decide
-from undolog.engine.effects import ANSWERED_STATES, Effects, Plan
+from undolog.engine.effects import ANSWERED_STATES, Plan
+from undolog.engine.intents import Intents
 from undolog.engine.model import (
     ORG_WIDE,
     Actor,
@@ -32,12 +30,12 @@ from undolog.engine.model import (
 )
 from undolog.engine.owners import session_refused
 from undolog.engine.registry import DEFAULT_APPROVAL_TIMEOUT_S
+from undolog.engine.rules import RuleAction
 from undolog.engine.states import (
     REPLAYABLE_STATES,
     ApprovalStatus,
     EffectState,
     SessionState,
-    UndoState,
 )
 from undolog.store.protocol import NewCall, NewRecords, Queries, Store
 from undolog.store.records import (
@@ -45,17 +43,17 @@ from undolog.store.records import (
     EffectRecord,
     SessionRecord,
     ToolRecord,
-    UndoEntryRecord,
 )
 from undolog_sdk.errors import (
     DuplicateSignature,
     EffectInDoubt,
     InvalidRequest,
+    PolicyDenied,
     SessionClosed,
     UndoLogError,
 )
 from undolog_sdk.signature import call_signature, canonical_json
-from undolog_sdk.tier import CompensationDescriptor, ToolTier
+from undolog_sdk.tier import ToolTier
 from undolog_sdk.wire import EventType, ExecutionMode
 
 __all__ = ["Engine"]
@@ -78,23 +76,15 @@ _UNFINISHED_STATES = (
 # The states a call replays from, as the store takes them (`Store.execute_new`).
 _REPLAYABLE = tuple(sorted(state.value for state in REPLAYABLE_STATES))
 
-# Effect states whose approval the decision needs (its id, status and reason).
+# Effect states whose approval the decision needs: its id, status and reason, or (a run
+# again) the args an approver changed the call to.
 _APPROVAL_STATES = frozenset(
-    {EffectState.AWAITING_APPROVAL, EffectState.REJECTED, EffectState.TIMED_OUT}
-)
+    {EffectState.AWAITING_APPROVAL, EffectState.REJECTED, EffectState.TIMED_OUT,
+     EffectState.EXECUTING, EffectState.FAILED}
+)  # fmt: skip
 
 
-@functools.lru_cache(maxsize=1024)
-def _compensation(compensation_json: str) -> tuple[str, str, str, int, int]:
-    """A registered compensation as an undo entry spells it (name, version, canonical args,
-    retries, backoff): parsed once per registration, not on every call that may push it."""
-    descriptor = CompensationDescriptor.from_dict(orjson.loads(compensation_json))
-    args_json = canonical_json(descriptor.args)
-    return (descriptor.fn_name, descriptor.fn_version, args_json, descriptor.max_retries,
-            descriptor.retry_backoff_ms)  # fmt: skip
-
-
-class Engine(Effects):
+class Engine(Intents):
     """Exactly-once interception of tool calls over a `Store`.
 
     Args:
@@ -162,7 +152,12 @@ class Engine(Effects):
             raise InvalidRequest(f"args cannot be canonicalised: {exc}") from None
         tool = await self.get_tool(org_id, tool_name)
         tier = ToolTier(tool.tier)
-        call = Call(org_id, session_id, tool, tier, args, args_json, tool_version, mode, actor)
+        # The org's policy rules, matched before anything is recorded; applied to a new call
+        # only (a recorded call keeps its decision). SAFE calls are not recorded: no rules.
+        rule = None if tier.is_safe else await self.match_rule(org_id, tool_name, args)
+        call = Call(
+            org_id, session_id, tool, tier, args, args_json, tool_version, mode, actor, rule
+        )
         one_call = step_index is not None and self._records_new(call)
         if actor.own_sessions_only and not one_call:
             # Checked before any read that could replay the session's calls; the store's
@@ -209,8 +204,9 @@ class Engine(Effects):
 
     def _records_new(self, call: Call) -> bool:
         """Whether a numbered call goes to the store's new-call operation (`_execute_new`):
-        the decision table says a new call of an active session executes."""
-        if call.tier.is_safe:
+        the decision table says a new call of an active session executes, and no policy rule
+        matched (a rule's decision is recorded on the locked path)."""
+        if call.tier.is_safe or call.rule is not None:
             return False
         action = decide(
             tier=call.tier,
@@ -350,7 +346,11 @@ class Engine(Effects):
                 approval_status=approval.status if approval else None,
                 now_us=now,
                 idempotent_upstream=tool.idempotent_upstream,
+                rule_action=call.rule.action.value if call.rule else None,
             )
+            if action is Action.DENY_NEW:
+                assert call.rule is not None
+                return Plan(error=PolicyDenied(call.rule.name, tool.name))
             if action in (Action.EXECUTE_NEW, Action.AWAIT_NEW):
                 plan = await self._insert_new(q, action, call, step, signature, now)
                 if plan is not None:
@@ -379,10 +379,16 @@ class Engine(Effects):
             event = EventType.EFFECT_INTERCEPTED
             if not await q.insert_executing_effect(effect, undo, event, payload):
                 return None
+            rule = call.rule
+            approves = rule is not None and rule.action is RuleAction.APPROVE
+            if rule is not None and approves and call.tier.requires_approval:
+                await self._record_rule_approval(q, call, effect, rule, now)
             decision = Decision(Outcome.EXECUTE, effect_id, step, signature, tool)
             return Plan(decision=decision)
         if not await q.insert_effect(effect):
             return None
+        if tool.compensation_json is not None:  # a `require` rule on a COMPENSABLE tool
+            await q.insert_undo_entry(self._undo_entry(effect, tool.compensation_json, now))
         org = await self._org(q, org_id)
         timeout_s = org.approval_timeout_s if org else DEFAULT_APPROVAL_TIMEOUT_S
         approval = ApprovalRecord(
@@ -398,6 +404,8 @@ class Engine(Effects):
             decided_us=None,
             decided_by=None,
             reason=None,
+            rule=call.rule.name if call.rule else None,
+            approvers_required=call.rule.approvers if call.rule else 1,
             requested_by_key_id=call.actor.key_id,
         )
         await q.insert_approval(approval)
@@ -413,6 +421,7 @@ class Engine(Effects):
                     "tool_name": tool.name,
                     "tier": tool.tier,
                     "step_index": step,
+                    "rule": approval.rule,
                 }
             ),
             now,
@@ -426,66 +435,3 @@ class Engine(Effects):
             approval_id=approval.approval_id,
         )
         return Plan(decision=decision)
-
-    def _new_effect(
-        self, call: Call, step: int, signature: str, now: int, *, executing: bool
-    ) -> EffectRecord:
-        """A new effect: `executing` under a fresh lease, or awaiting approval."""
-        executed = max(self._clock(), now + 1) if executing else None
-        return EffectRecord(
-            effect_id=str(uuid.uuid4()),
-            org_id=call.org_id,
-            session_id=call.session_id,
-            step_index=step,
-            tool_name=call.tool.name,
-            tool_version=call.tool_version or call.tool.version,
-            tier=call.tool.tier,
-            call_signature=signature,
-            args_json=call.args_json,
-            state=EffectState.EXECUTING if executing else EffectState.AWAITING_APPROVAL,
-            mode=call.mode,
-            attempts=1,
-            result_json=None,
-            error=None,
-            lease_expires_us=(executed + self.lease_us) if executed else None,
-            executed_us=executed,
-            finished_us=None,
-            created_us=now,
-            updated_us=now,
-        )
-
-    def _new_undo_entry(self, effect: EffectRecord, tool: ToolRecord) -> UndoEntryRecord | None:
-        """The undo entry a new executing effect pushes (registered when it was created)."""
-        if tool.compensation_json is None:
-            return None
-        return self._undo_entry(effect, tool.compensation_json, effect.created_us)
-
-    @staticmethod
-    def _intercepted_payload(effect: EffectRecord) -> str:
-        return event_json(
-            {"stage": EffectState.EXECUTING, "tool_name": effect.tool_name, "tier": effect.tier,
-             "step_index": effect.step_index, "attempt": 1, "mode": effect.mode}
-        )  # fmt: skip
-
-    def _undo_entry(
-        self, effect: EffectRecord, compensation_json: str, registered_us: int
-    ) -> UndoEntryRecord:
-        fn_name, fn_version, args_json, max_retries, backoff_ms = _compensation(compensation_json)
-        return UndoEntryRecord(
-            seq=0,
-            entry_id=str(uuid.uuid4()),
-            org_id=effect.org_id,
-            session_id=effect.session_id,
-            effect_id=effect.effect_id,
-            fn_name=fn_name,
-            fn_version=fn_version,
-            args_json=args_json,
-            max_retries=max_retries,
-            retry_backoff_ms=backoff_ms,
-            registered_us=registered_us,
-            state=UndoState.PENDING,
-            attempts=0,
-            last_error=None,
-            updated_us=registered_us,
-            runner=effect.mode,
-        )

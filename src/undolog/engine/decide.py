@@ -30,6 +30,7 @@ class Action(enum.Enum):
     REJECTED = "rejected"  # 409 approval_rejected
     TIMED_OUT = "timed_out"  # 409 approval_timed_out
     SESSION_CLOSED = "session_closed"  # 409 session_closed
+    DENY_NEW = "deny_new"  # a policy rule denies a new call: 403 policy_denied, nothing written
 
 
 def decide(
@@ -40,12 +41,24 @@ def decide(
     approval_status: str | None,
     now_us: int,
     idempotent_upstream: bool,
+    rule_action: str | None = None,
 ) -> Action:
-    """The action for one intercepted (non-SAFE) call. See DESIGN.md, "the decision table"."""
+    """The action for one intercepted (non-SAFE) call. See DESIGN.md, "the decision table".
+
+    `rule_action` is the action of the org's policy rule the call matched (`approve`, `deny`,
+    `require`; None: no rule). It decides a new call only: a recorded call keeps its recorded
+    decision whatever the rules say now (docs/approvals.md).
+    """
     active = session_state == SessionState.ACTIVE
     if existing is None:
         if not active:
             return Action.SESSION_CLOSED
+        if rule_action == "deny":
+            return Action.DENY_NEW
+        if rule_action == "require":
+            return Action.AWAIT_NEW
+        if rule_action == "approve":
+            return Action.EXECUTE_NEW
         return Action.AWAIT_NEW if tier.requires_approval else Action.EXECUTE_NEW
 
     state = existing.state

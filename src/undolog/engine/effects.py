@@ -184,6 +184,7 @@ class Effects(Registry):
                 effect.call_signature,
                 tool,
                 attempt=attempt,
+                args_json=approval.approved_args_json if approval else None,
             )
         )
 

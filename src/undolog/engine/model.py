@@ -12,6 +12,7 @@ from typing import Any
 import blake3
 import orjson
 
+from undolog.engine.rules import Rule
 from undolog.store.records import (
     ApprovalRecord,
     EffectRecord,
@@ -71,6 +72,7 @@ class Call:
     tool_version: str | None
     mode: str
     actor: Actor
+    rule: Rule | None = None  # the org's policy rule this call matched (applied if it is new)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,8 @@ class Decision:
     approval_id: str | None = None
     result_json: str | None = None
     logged: bool = True
+    # An Execute of a call an approver changed: the args it runs with (docs/approvals.md).
+    args_json: str | None = None
 
 
 @dataclass(frozen=True)

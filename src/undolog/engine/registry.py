@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 from undolog.engine.keys import KeySource, Role, new_key_id
 from undolog.engine.model import now_us
+from undolog.engine.rules import Rule, parse_rules, rules_json
 from undolog.store.protocol import Queries, Store
-from undolog.store.records import KeyRecord, OrgRecord, ToolRecord
+from undolog.store.records import KeyRecord, OrgRecord, PolicyRecord, ToolRecord
 from undolog.upstreams import check_tool_name
 from undolog_sdk.errors import InvalidRequest, ToolNotRegistered
 from undolog_sdk.signature import canonical_json
@@ -38,6 +41,7 @@ class Registry:
         self._tool_cache_us = int(tool_cache_seconds * 1_000_000)
         self._tools: dict[tuple[str, str], tuple[int, ToolRecord]] = {}
         self._orgs: dict[str, tuple[int, OrgRecord | None]] = {}
+        self._rules: dict[str, tuple[int, tuple[Rule, ...]]] = {}
         self._clock = clock_us
 
     # -- orgs and keys ---------------------------------------------------------------------
@@ -157,3 +161,38 @@ class Registry:
     async def list_tools(self, org_id: str) -> list[ToolRecord]:
         async with self.store.reader() as q:
             return await q.list_tools(org_id)
+
+    # -- policy rules (docs/approvals.md) ------------------------------------------------------
+
+    async def get_rules(self, org_id: str) -> tuple[Rule, ...]:
+        """The org's policy rules, parsed (cached briefly per process, like tools)."""
+        now = self._clock()
+        cached = self._rules.get(org_id)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        async with self.store.reader() as q:
+            record = await q.get_policy(org_id)
+        # Stored rules were checked when saved; parsing them again only rebuilds the trees.
+        rules = parse_rules(orjson.loads(record.rules_json)) if record else ()
+        self._rules[org_id] = (now + self._tool_cache_us, rules)
+        return rules
+
+    async def put_rules(
+        self, org_id: str, data: Any, *, updated_by: str | None = None
+    ) -> tuple[Rule, ...]:
+        """Replace the org's policy rules whole, after checking every one.
+
+        Raises:
+            InvalidRequest: the list or a rule is malformed (nothing is saved).
+        """
+        try:
+            rules = parse_rules(data)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        now = self._clock()
+        record = PolicyRecord(org_id, orjson.dumps(rules_json(rules)).decode(), now, updated_by)
+        async with self.store.transaction() as q:
+            await q.ensure_org_exists(org_id, now)
+            await q.put_policy(record)
+        self._rules[org_id] = (now + self._tool_cache_us, rules)
+        return rules

@@ -299,10 +299,12 @@ class Saga(Repairs):
         claimed = await q.get_undo_entry(org_id, entry.entry_id)
         assert claimed is not None
         tool = await q.get_tool(org_id, effect.tool_name)
+        approval = await q.get_approval_for_effect(org_id, effect.effect_id)
+        approved = approval.approved_args_json if approval else None  # an approver's edit
         return Claim(
             entry=claimed,
             effect=effect,
-            payload=compensation_payload(entry, effect),
+            payload=compensation_payload(entry, effect, approved),
             attempts_left=max(0, entry.max_retries + 1 - entry.attempts),
             idempotent=tool is not None and is_idempotent(tool.compensation_json),
             token=token,

@@ -121,9 +121,12 @@ def hash_claim_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-def compensation_payload(entry: UndoEntryRecord, effect: EffectRecord) -> dict[str, Any]:
-    """What a compensation receives: its captured args plus the forward call's args/result."""
+def compensation_payload(
+    entry: UndoEntryRecord, effect: EffectRecord, approved_args_json: str | None = None
+) -> dict[str, Any]:
+    """What a compensation receives: its captured args plus the forward call's args/result
+    (the args it ran with: an approver's changed ones, if any)."""
     payload: dict[str, Any] = dict(orjson.loads(entry.args_json))
-    payload["original_args"] = orjson.loads(effect.args_json)
+    payload["original_args"] = orjson.loads(approved_args_json or effect.args_json)
     payload["original_result"] = orjson.loads(effect.result_json) if effect.result_json else None
     return payload

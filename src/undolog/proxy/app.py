@@ -23,6 +23,7 @@ from undolog.proxy.events import router as events_router
 from undolog.proxy.metrics_listener import MetricsListener
 from undolog.proxy.openapi import install_openapi
 from undolog.proxy.overview import router as overview_router
+from undolog.proxy.policy import router as policy_router
 from undolog.proxy.ratelimit import FailureLimiter
 from undolog.proxy.ready import router as ready_router
 from undolog.proxy.routes import router
@@ -70,6 +71,19 @@ _TOOL_CALL_BODY = {
 }
 
 _STATUS_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
+
+
+def _allowed(request: Request) -> str:
+    """Every method some route serves on this path (Starlette names only the first
+    route's, and a path may have a route per method, as `/policy/rules` has)."""
+    path = request.url.path
+    methods: set[str] = set()
+    for route in request.app.routes:
+        found = getattr(route, "methods", None)
+        regex = getattr(route, "path_regex", None)
+        if found and regex is not None and regex.match(path):
+            methods |= set(found)
+    return ", ".join(sorted(methods))
 
 
 def create_app(settings: Settings, *, prepared: bool = False) -> Any:
@@ -152,6 +166,7 @@ def create_app(settings: Settings, *, prepared: bool = False) -> Any:
     api.include_router(webhooks_router)
     api.router.routes.append(Route("/mcp", gateway, methods=["GET", "POST", "DELETE"]))
     api.include_router(overview_router)
+    api.include_router(policy_router)
     api.include_router(ready_router)
     api.state.ready_timeout_seconds = settings.ready_timeout_seconds
     api.include_router(ui_auth_router)
@@ -162,10 +177,12 @@ def create_app(settings: Settings, *, prepared: bool = False) -> Any:
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         code = _STATUS_CODES.get(exc.status_code, "http_error")
         detail = str(exc.detail)
+        headers = exc.headers
         if exc.status_code == 405:
             detail = f"method {request.method} is not allowed on {request.url.path}"
+            headers = {**(headers or {}), "Allow": _allowed(request)}
         return json_response(
-            error_body(request.state.request_id, code, detail), exc.status_code, exc.headers
+            error_body(request.state.request_id, code, detail), exc.status_code, headers
         )
 
     # One mapping for every route (`undolog.proxy.errors`): UndoLog errors as their error

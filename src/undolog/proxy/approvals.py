@@ -19,7 +19,7 @@ from undolog.engine.approvals import DecisionResult, ResolvedByPolicy, Verdict
 from undolog.engine.pages import ApprovalListing, Pages
 from undolog.proxy import pages
 from undolog.proxy.owners import Owned, hide_unowned
-from undolog.proxy.wire import approval_json, json_response, recent_call_json
+from undolog.proxy.wire import approval_json, json_response, loads_exact, recent_call_json
 from undolog.services.calls import run_approved
 from undolog.services.waits import MAX_WAIT_SECONDS, wait_for_decision
 from undolog_sdk.errors import EffectInDoubt, InvalidRequest, UndoLogError
@@ -107,15 +107,16 @@ async def get_approval(id: str, request: Request) -> Response:
     return json_response(listed_approval(item, recent="recent_calls" in request.query_params))
 
 
-async def _decision_body(request: Request) -> str | None:
-    """The decision's optional `reason`. A `decided_by` is refused (400): who decided is the
-    authenticated key's name, never what the caller writes."""
+async def _decision_body(request: Request) -> tuple[str | None, Any]:
+    """The decision's optional `reason` and (approve only) `args`, the changed arguments. A
+    `decided_by` is refused (400): who decided is the authenticated key's name, never what
+    the caller writes."""
     raw = await request.body()
     if not raw.strip():
-        return None
+        return None, None
     try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        data = loads_exact(raw)
+    except ValueError as exc:
         raise InvalidRequest(f"malformed decision body: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidRequest("malformed decision body: expected a JSON object")
@@ -124,13 +125,15 @@ async def _decision_body(request: Request) -> str | None:
             "decided_by is not accepted: the decider is the API key's name; "
             "put any note in 'reason'"
         )
-    unknown = set(data) - {"reason"}
+    unknown = set(data) - {"reason", "args"}
     if unknown:
         raise InvalidRequest(f"malformed decision body: unknown fields {sorted(unknown)}")
     if data.get("reason") is not None and not isinstance(data["reason"], str):
         raise InvalidRequest("malformed decision body: 'reason' must be a string")
+    if data.get("args") is not None and not isinstance(data["args"], dict):
+        raise InvalidRequest("malformed decision body: 'args' must be a JSON object")
     reason: str | None = data.get("reason")
-    return reason
+    return reason, data.get("args")
 
 
 async def _decide(request: Request, approval_id: str, verdict: Verdict) -> Response:
@@ -140,12 +143,13 @@ async def _decide(request: Request, approval_id: str, verdict: Verdict) -> Respo
     action = verdict.value
     started = time.perf_counter()
     try:
-        reason = await _decision_body(request)
+        reason, args = await _decision_body(request)
         # Who decided: the authenticated key's name (`key:NAME`), never client text.
-        who = request.state.principal.decider
+        principal = request.state.principal
         result = await runtime.approvals.decide(
-            org_id, approval_id, verdict, reason=reason, decided_by=who
-        )
+            org_id, approval_id, verdict, reason=reason, decided_by=principal.decider,
+            approver_key_id=principal.key_id, args=args,
+        )  # fmt: skip
     except UndoLogError as exc:
         if isinstance(exc, ResolvedByPolicy) and exc.result.run is not None:
             # Too late: the org's timeout policy approved it first, so it runs now, once.
@@ -161,7 +165,12 @@ async def _decide(request: Request, approval_id: str, verdict: Verdict) -> Respo
         "approval_id": approval_id,
         "effect_id": result.effect.effect_id,
     }
-    if verdict is Verdict.APPROVE:
+    if verdict is Verdict.APPROVE and result.approval.status == ApprovalStatus.PENDING:
+        # A rule asks for more approvers: nothing runs yet (docs/approvals.md).
+        body["execution"] = "awaiting_approvers"
+        body["approvals"] = len(orjson.loads(result.approval.approved_by_json))
+        body["approvers_required"] = result.approval.approvers_required
+    elif verdict is Verdict.APPROVE:
         body.update(await _run_approved(runtime, result, request_id))
     runtime.metrics.approval_decisions.labels(action, result.approval.status).inc()
     runtime.metrics.health.observe_decision(result.approval)

@@ -82,11 +82,14 @@ ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, dict[int, Any]]] = {
     ("GET", "/approvals"): (None, _r(s.Approval, *_KEYED, many=True)),
     ("GET", "/approvals/{id}"): (None, _r(s.Approval, *_KEYED, 404)),  # 429: too many waits
     ("POST", "/approvals/{id}/approve"): (s.DecisionBody, _r(s.DecisionResult, *_BODY, 404, 409)),
-    ("POST", "/approvals/{id}/reject"): (s.DecisionBody, _r(s.DecisionResult, *_BODY, 404, 409)),
+    ("POST", "/approvals/{id}/reject"): (s.RejectBody, _r(s.DecisionResult, *_BODY, 404, 409)),
     ("GET", "/events"): (None, {**_r(None, *_KEYED), 200: ("sse", False)}),
     ("GET", "/events/recent"): (None, _r(s.RecentEvent, *_KEYED, 404, many=True)),
     ("GET", "/overview"): (None, _r(s.Overview, *_KEYED)),
     ("GET", "/webhooks/deliveries"): (None, _r(s.WebhookDelivery, *_KEYED, many=True)),
+    ("GET", "/policy/rules"): (None, _r(s.PolicyRules, *_KEYED)),
+    ("PUT", "/policy/rules"): (s.PolicyRulesBody, _r(s.PolicyRules, *_BODY)),
+    ("POST", "/policy/dry-run"): (s.DryRunBody, _r(s.DryRunAnswer, *_BODY, 404)),
     ("GET", "/ready"): (None, {200: (s.Ready, False), 503: (s.ErrorBody, False)}),
 }
 

@@ -8,8 +8,9 @@ table is for `admin` keys only, so a route added without a line here is closed, 
   sessions' rollback and complete, SDK commit/fail, and the claim/complete/fail of SDK
   compensations. Never an approval, a tool registration, a resolve. Only its own sessions
   (the ones its calls created), and what belongs to them: see `owners.py`.
-- `approver`: approve and reject, every read, the dashboard.
-- `admin`: everything.
+- `approver`: approve and reject, every read, the dashboard, the policy rules (read) and
+  their dry run.
+- `admin`: everything, among it replacing the policy rules.
 """
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ PERMISSIONS: dict[tuple[str, str], frozenset[Role]] = {
     ("GET", "/events"): _READ,
     ("GET", "/events/recent"): _READ,
     ("GET", "/overview"): _APPROVER,
+    ("GET", "/policy/rules"): _APPROVER,
+    ("PUT", "/policy/rules"): _ADMIN,
+    ("POST", "/policy/dry-run"): _APPROVER,
 }
 
 _SEGMENT = re.compile(r"\{[^/}]+\}")

@@ -18,13 +18,19 @@ __all__ = [
     "Compensation",
     "DecisionBody",
     "DecisionResult",
+    "DryRunAnswer",
+    "DryRunBody",
     "Effect",
     "ErrorBody",
     "FailBody",
     "Health",
     "NoteBody",
     "Overview",
+    "PolicyRule",
+    "PolicyRules",
+    "PolicyRulesBody",
     "Ready",
+    "RejectBody",
     "ResolveBody",
     "Rollback",
     "Session",
@@ -274,6 +280,13 @@ class Approval(BaseModel):
     decided_at: str | None
     decided_by: str | None
     reason: str | None
+    rule: str | None = Field(description="the policy rule that required or decided it")
+    approvers_required: int = Field(description="distinct approver keys it needs")
+    approved_by: list[str | None] = Field(description="who approved so far (`key:NAME`)")
+    approved_args: Any = Field(description="the arguments an approver changed the call to")
+    args_diff: dict[str, Any] | None = Field(
+        description="top-level keys `added`, `removed`, `changed` by the approver"
+    )
     requested_by: str | None = Field(
         description="`key:NAME` of the key whose call asked for it (never the secret)"
     )
@@ -294,6 +307,40 @@ class WebhookDelivery(BaseModel):
     last_error: str | None = Field(description="a status code or an error class, never a body")
     created_us: int
     updated_us: int
+
+
+class PolicyRule(BaseModel):
+    """One policy rule (docs/approvals.md, "Policy rules")."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    tool: str = Field("*", description="a tool's name, or `*` for every tool")
+    condition: str = Field("true", max_length=2000, description="an expression over the args")
+    action: Literal["approve", "deny", "require"]
+    approvers: int = Field(1, ge=1, le=10, description="`require` only: distinct approvers")
+
+
+class PolicyRulesBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rules: list[PolicyRule] = Field(max_length=100)
+
+
+class PolicyRules(BaseModel):
+    rules: list[PolicyRule]
+
+
+class DryRunBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tool_name: str = Field(min_length=1, pattern=STORABLE)
+    args: JsonObject
+
+
+class DryRunAnswer(BaseModel):
+    tool_name: str
+    tier: str
+    rule: PolicyRule | None
+    decision: Literal["execute", "approval", "deny"]
+    approvers: int
 
 
 class SessionView(Session):
@@ -326,9 +373,15 @@ class Rollback(BaseModel):
     message: str | None = None
 
 
-class DecisionBody(BaseModel):
+class RejectBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reason: str | None = None
+
+
+class DecisionBody(RejectBody):
+    args: JsonObject | None = Field(
+        None, description="the arguments the call runs with instead (null: as requested)"
+    )
 
 
 class DecisionResult(BaseModel):
@@ -336,10 +389,20 @@ class DecisionResult(BaseModel):
     approval_id: str
     effect_id: str
     execution: (
-        Literal["awaiting_agent", "in_doubt", "failed", "commit_pending", "committed"] | None
+        Literal[
+            "awaiting_agent",
+            "awaiting_approvers",
+            "in_doubt",
+            "failed",
+            "commit_pending",
+            "committed",
+        ]
+        | None
     ) = Field(None, description="approve only: what became of the approved call")
     result: Any = None
     error: str | None = None
+    approvals: int | None = Field(None, description="awaiting_approvers: approvals so far")
+    approvers_required: int | None = None
 
 
 class ToolCallBody(BaseModel):

@@ -87,7 +87,8 @@ async def tool_call(request: Request) -> Response:
     request_id: str = request.state.request_id
     org_id: str = request.state.org_id
     data = parse_tool_call(await request.body())
-    mode = request.headers.get(_MODE_HEADER) or data.get("mode", ExecutionMode.PROXY)
+    header = request.headers.get(_MODE_HEADER)  # an empty header is a wrong mode, not none
+    mode = header if header is not None else data.get("mode", ExecutionMode.PROXY)
     call = Call(
         org_id,
         data["session_id"],

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
+from undolog.engine.changes import args_diff
 from undolog.logs import internal_error_message
 from undolog.store.records import (
     ApprovalRecord,
@@ -191,6 +192,16 @@ def approval_json(approval: ApprovalRecord) -> dict[str, Any]:
         "decided_at": iso(approval.decided_us),
         "decided_by": approval.decided_by,
         "reason": approval.reason,
+        # docs/approvals.md: the rule behind it, its approvers, and an approver's edit.
+        "rule": approval.rule,
+        "approvers_required": approval.approvers_required,
+        "approved_by": [a.get("by") for a in _loads(approval.approved_by_json) or []],
+        "approved_args": _loads(approval.approved_args_json),
+        "args_diff": (
+            args_diff(_loads(approval.args_json), _loads(approval.approved_args_json))
+            if approval.approved_args_json is not None
+            else None
+        ),
     }
 
 

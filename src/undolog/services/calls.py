@@ -180,9 +180,9 @@ async def _run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcom
         return CallOutcome(CallStatus.PENDING_APPROVAL, decision)
     if call.mode == ExecutionMode.SDK:
         return CallOutcome(CallStatus.EXECUTE, decision)
-    execution = await execute_decision(
-        runtime, decision, call.args, call.session_id, request_id, log
-    )
+    # A call an approver changed runs with the approved args, also when run again.
+    args = orjson.loads(decision.args_json) if decision.args_json else call.args
+    execution = await execute_decision(runtime, decision, args, call.session_id, request_id, log)
     if execution.error is not None:
         return CallOutcome(CallStatus.FAILED, decision, error=execution.error)
     return CallOutcome(
@@ -357,6 +357,8 @@ async def run_approved(
     log = runtime.log.bind(
         request_id=request_id, org_id=effect.org_id, session_id=effect.session_id
     )
+    # An approver's changed arguments, if any, are what runs (docs/approvals.md).
+    args_json = result.approval.approved_args_json or effect.args_json
     return await execute_decision(
-        runtime, result.run, orjson.loads(effect.args_json), effect.session_id, request_id, log
+        runtime, result.run, orjson.loads(args_json), effect.session_id, request_id, log
     )

@@ -27,6 +27,7 @@ from undolog.services.waits import Waits
 from undolog.services.webhooks import WebhookSender, subscriptions
 from undolog.store import Store, open_store
 from undolog.upstreams import UpstreamRegistry
+from undolog_sdk.errors import InvalidRequest
 from undolog_sdk.tier import ToolTier
 
 __all__ = [
@@ -128,6 +129,11 @@ async def prepare_store(store: Store, settings: Settings) -> None:
             auto_approve_on_timeout=org.auto_approve_on_timeout,
             retention_days=org.retention_days,
         )
+        if org.rules is not None:  # the file's rules replace the stored ones at start
+            try:
+                await engine.put_rules(org.org_id, list(org.rules), updated_by="config")
+            except InvalidRequest as exc:
+                raise ValueError(f"[[orgs]] {org.org_id!r}: {exc.message}") from None
     # The config is the source of truth for its keys: listed ones are stored (moved to the
     # org that lists them now), the others revoked.
     await Keys(store).sync_config(config_key_grants(settings))

@@ -21,6 +21,7 @@ from undolog.store.records import (
     EventRecord,
     KeyRecord,
     OrgRecord,
+    PolicyRecord,
     SessionRecord,
     ToolRecord,
     UndoEntryRecord,
@@ -117,6 +118,12 @@ class Queries(Protocol):
     async def get_tool(self, org_id: str, name: str) -> ToolRecord | None: ...
 
     async def list_tools(self, org_id: str) -> list[ToolRecord]: ...
+
+    async def get_policy(self, org_id: str) -> PolicyRecord | None:
+        """The org's policy rules (None: never set)."""
+
+    async def put_policy(self, policy: PolicyRecord) -> None:
+        """Replace the org's policy rules whole."""
 
     async def get_session(self, org_id: str, session_id: str) -> SessionRecord | None: ...
 

@@ -18,6 +18,7 @@ __all__ = [
     "EventRecord",
     "KeyRecord",
     "OrgRecord",
+    "PolicyRecord",
     "SessionRecord",
     "ToolRecord",
     "UndoEntryRecord",
@@ -34,6 +35,16 @@ class OrgRecord:
     created_us: int
     # Days a finished session is kept (docs/retention.md); None: kept forever.
     retention_days: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRecord:
+    """An org's policy rules as one JSON list, in order (`undolog.engine.rules`)."""
+
+    org_id: str
+    rules_json: str
+    updated_us: int
+    updated_by: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +145,14 @@ class ApprovalRecord:
     decided_us: int | None
     decided_by: str | None
     reason: str | None
-    # The id of the API key whose call asked for it (None: no key, e.g. the engine's own).
+    # Migration 13 (docs/approvals.md): the policy rule that asked for or decided it, how many
+    # distinct approver keys it needs, who approved so far (JSON list of {"key_id", "by"}),
+    # the arguments an approver changed the call to. Migration 16: the id of the API key whose
+    # call asked for it (None: no key, e.g. the engine's own).
+    rule: str | None = None
+    approvers_required: int = 1
+    approved_by_json: str = "[]"
+    approved_args_json: str | None = None
     requested_by_key_id: str | None = None
 
 

@@ -7,8 +7,8 @@ import abc
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from undolog.store._sql.rows import KEY, ORG, OWNED_BY_SESSION, SESSION, TOOL
-from undolog.store.records import KeyRecord, OrgRecord, SessionRecord, ToolRecord
+from undolog.store._sql.rows import KEY, ORG, OWNED_BY_SESSION, POLICY, SESSION, TOOL
+from undolog.store.records import KeyRecord, OrgRecord, PolicyRecord, SessionRecord, ToolRecord
 from undolog_sdk.wire import SessionState
 
 
@@ -206,6 +206,22 @@ class AccountSql(abc.ABC):
             f"SELECT {TOOL.select()} FROM tools WHERE org_id = ? ORDER BY name", org_id
         )
         return [TOOL.row(r) for r in rows]
+
+    # -- policy rules (migration 13) ----------------------------------------------------------
+
+    async def get_policy(self, org_id: str) -> PolicyRecord | None:
+        row = await self._fetchrow(
+            f"SELECT {POLICY.select()} FROM policy_rules WHERE org_id = ?", org_id
+        )
+        return POLICY.row(row) if row else None
+
+    async def put_policy(self, policy: PolicyRecord) -> None:
+        await self._execute(
+            f"{POLICY.insert('policy_rules')} ON CONFLICT (org_id) DO UPDATE SET "
+            "rules = excluded.rules, updated_us = excluded.updated_us, "
+            "updated_by = excluded.updated_by",
+            *POLICY.values(policy),
+        )
 
     # -- sessions ----------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from undolog.store.records import (
     EventRecord,
     KeyRecord,
     OrgRecord,
+    PolicyRecord,
     SessionRecord,
     ToolRecord,
     UndoEntryRecord,
@@ -24,6 +25,7 @@ KEY = columns(KeyRecord)
 ORG = columns(OrgRecord)
 SESSION = columns(SessionRecord)
 EVENT = columns(EventRecord)
+POLICY = columns(PolicyRecord)
 UNDO_NEW = UNDO.without("seq")  # the database assigns `seq`
 
 # The states the statements below filter on, bound as parameters. Callers may pass others;
@@ -63,4 +65,7 @@ UNDO_FIELDS = frozenset(
         "claim_token_hash",
     }
 )
-APPROVAL_FIELDS = frozenset({"status", "decided_us", "decided_by", "reason", "timeout_us"})
+APPROVAL_FIELDS = frozenset(
+    {"status", "decided_us", "decided_by", "reason", "timeout_us", "approved_by",
+     "approved_args"}
+)  # fmt: skip

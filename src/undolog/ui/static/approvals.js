@@ -101,8 +101,10 @@ function approvalCard(a, pending) {
         h("dt", {}, "Decided"), h("dd", {}, `${when(a.decided_at)}${a.decided_by ? ` by ${a.decided_by}` : ""}`),
         h("dt", {}, "Reason"), h("dd", { class: "reason" }, a.reason || "—")],
       h("dt", {}, "Undo"), h("dd", { class: "undo" }, undoText(a.tool_name)),
+      ruleRows(a),
     ),
     h("details", { open: true }, h("summary", {}, "Arguments"), h("pre", { class: "json args" }, pretty(a.arguments ?? a.args))),
+    diffView(a),
     h("details", { class: "recent-calls", open: true },
       h("summary", {}, `Session ${shortId(a.session_id)}: recent calls`), h("div", { class: "recent" })),
     pending ? h("div", { class: "decide" },
@@ -114,6 +116,29 @@ function approvalCard(a, pending) {
   );
   updateTimes(card);
   return card;
+}
+
+// The policy rule behind an approval and its approvers so far (docs/approvals.md).
+function ruleRows(a) {
+  const rows = [];
+  if (a.rule) rows.push(h("dt", {}, "Rule"), h("dd", { class: "rule" }, a.rule));
+  if ((a.approvers_required || 1) > 1) {
+    const by = (a.approved_by || []).join(", ");
+    rows.push(h("dt", {}, "Approvers"), h("dd", { class: "approvers" }, `${(a.approved_by || []).length} of ${a.approvers_required}${by ? ` (${by})` : ""}`));
+  }
+  return rows;
+}
+
+// What an approver changed in the arguments: added, removed and changed keys.
+function diffView(a) {
+  const d = a.args_diff;
+  if (!d) return null;
+  const items = [
+    ...Object.entries(d.added || {}).map(([k, v]) => h("li", { class: "added" }, `+ ${k}: ${JSON.stringify(v)}`)),
+    ...Object.entries(d.removed || {}).map(([k, v]) => h("li", { class: "removed" }, `− ${k}: ${JSON.stringify(v)}`)),
+    ...Object.entries(d.changed || {}).map(([k, v]) => h("li", { class: "changed" }, `~ ${k}: ${JSON.stringify(v.from)} → ${JSON.stringify(v.to)}`)),
+  ];
+  return h("details", { open: true, class: "args-diff" }, h("summary", {}, "Changed by the approver"), h("ul", {}, items));
 }
 
 export function updateTimes(card) {
