@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import hmac
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import NoReturn
 
 from undolog.engine.model import check_registered_before_executed, session_lock_key
 from undolog.engine.model import event_json as _event
 from undolog.engine.model import now_us as _now_us
+from undolog.engine.reopen import reopen_entry
 from undolog.engine.states import (
     ApprovalStatus,
     EffectState,
@@ -49,6 +50,9 @@ from undolog_sdk.errors import (
 )
 from undolog_sdk.wire import EventType, ExecutionMode
 from undolog_sdk.wire import RollbackOutcome as RollbackStatus
+
+# Entries a compensation (or an operator's hand) undid.
+_UNDONE = frozenset({UndoState.COMPENSATED, UndoState.RESOLVED})
 
 __all__ = [
     "LOST_RUN",
@@ -135,11 +139,17 @@ class Saga:
             pairs.append((entry, effect))
         return pairs
 
-    async def claim(self, org_id: str, session_id: str, runner: str) -> Claim | RollbackStatus:
+    async def claim(
+        self, org_id: str, session_id: str, runner: str, only: Collection[str] | None = None
+    ) -> Claim | RollbackStatus:
         """Claim the top entry for `runner`, or say why there is nothing to claim.
 
         Entries whose forward call never committed are skipped on the way down. When the
         stack is done the session becomes `compensated` (`EMPTY` if nothing ever ran).
+
+        With `only` (a selective undo, docs/undo.md), the stack is just those entries and
+        the session keeps its state: an entry whose call did not commit is left alone (the
+        call may still be retried), and the end of the entries closes nothing.
         """
         if runner not in list(ExecutionMode):
             raise InvalidRequest("runner must be 'proxy' or 'sdk'")
@@ -147,20 +157,28 @@ class Saga:
         # at once take turns, and the second sees the first's claim.
         async with self.store.transaction(lock_key=session_lock_key(org_id, session_id)) as q:
             session = await self._session(q, org_id, session_id)
-            if session.state == SessionState.COMPENSATED:
+            if only is None and session.state == SessionState.COMPENSATED:
                 return RollbackStatus.COMPENSATED
-            if session.state != SessionState.COMPENSATING:
+            if only is None and session.state != SessionState.COMPENSATING:
                 wanted = SessionState.COMPENSATING.value
                 raise InvalidStateTransition(session_id, session.state, wanted)
+            left_alone: set[str] = set()
             while True:
                 now = self._clock()
                 stack = await self._stack(q, org_id, session_id)
+                if only is not None:
+                    chosen = [(e, f) for e, f in stack if e.entry_id in only]
+                    stack = [(e, f) for e, f in chosen if e.entry_id not in left_alone]
                 idempotent = await self._idempotent_entries(q, stack)
                 step = plan_next(stack, runner, now, idempotent)
                 if step.kind is StepKind.LOST:
                     assert step.entry is not None
                     await self._needs_attention(q, step.entry, LOST_RUN, now)
                     return RollbackStatus.COMPENSATION_FAILED
+                if only is not None and step.kind is StepKind.SKIP:
+                    assert step.entry is not None
+                    left_alone.add(step.entry.entry_id)
+                    continue
                 if step.kind in (StepKind.SKIP, StepKind.SETTLE):
                     assert step.entry is not None
                     target = (
@@ -177,6 +195,9 @@ class Saga:
                         now,
                     )  # fmt: skip
                     continue
+                if step.kind is StepKind.DONE and only is not None:
+                    ran = any(e.state in _UNDONE for e, _ in chosen)
+                    return RollbackStatus.COMPENSATED if ran else RollbackStatus.EMPTY
                 if step.kind is StepKind.DONE:
                     return await self._finish(q, session, stack, now)
                 if step.kind is StepKind.RUN:
@@ -185,9 +206,7 @@ class Saga:
                 if step.kind is StepKind.FAILED:
                     # A rerun before an operator acted: `begin` reopened the session, but the
                     # failed entry still stops the unwinding, so the session stays failed too.
-                    await q.update_session(
-                        org_id, session_id, now, state=SessionState.COMPENSATION_FAILED
-                    )
+                    await self._fail_session(q, org_id, session_id, now)
                     return RollbackStatus.COMPENSATION_FAILED
                 return {
                     StepKind.BUSY: RollbackStatus.BUSY,
@@ -231,9 +250,14 @@ class Saga:
             entry.org_id, entry.effect_id, expect_state=EffectState.COMPENSATING.value,
             state=EffectState.COMPENSATION_FAILED.value, updated_us=now,
         )  # fmt: skip
-        await q.update_session(
-            entry.org_id, entry.session_id, now, state=SessionState.COMPENSATION_FAILED
-        )
+        await self._fail_session(q, entry.org_id, entry.session_id, now)
+
+    async def _fail_session(self, q: Queries, org_id: str, session_id: str, now: int) -> None:
+        """An entry gave up: a session being rolled back is `compensation_failed`; one whose
+        entries are undone selectively (docs/undo.md) keeps its state and stays usable."""
+        session = await self._session(q, org_id, session_id)
+        if session.state == SessionState.COMPENSATING:
+            await q.update_session(org_id, session_id, now, state=SessionState.COMPENSATION_FAILED)
 
     async def give_up(self, org_id: str, entry_id: str, error: str, claim_token: str) -> NoReturn:
         """The claimed compensation's outcome is unknown (a timeout, a lost connection) and
@@ -333,9 +357,13 @@ class Saga:
         """
         async with self.store.reader() as q:
             entry = await q.get_undo_entry(org_id, entry_id)
-        if entry is None:
+            session = await q.get_session(org_id, entry.session_id) if entry else None
+        if entry is None or session is None:
             raise NotFound(f"undo entry '{entry_id}' not found")
-        result = await self.claim(org_id, entry.session_id, runner)
+        # Outside a full rollback, the SDK runs an entry a selective undo handed it.
+        rolling_back = session.state in (SessionState.COMPENSATING, SessionState.COMPENSATED)
+        only = None if rolling_back else {entry_id}
+        result = await self.claim(org_id, entry.session_id, runner, only)
         if isinstance(result, Claim) and result.entry.entry_id == entry_id:
             return result
         if isinstance(result, Claim):  # pragma: no cover - handed back below
@@ -419,9 +447,7 @@ class Saga:
                     org_id, entry.effect_id, expect_state=EffectState.COMPENSATING.value,
                     state=EffectState.COMPENSATION_FAILED.value, updated_us=now,
                 )  # fmt: skip
-                await q.update_session(
-                    org_id, entry.session_id, now, state=SessionState.COMPENSATION_FAILED
-                )
+                await self._fail_session(q, org_id, entry.session_id, now)
             failed = await q.get_undo_entry(org_id, entry_id)
         assert failed is not None
         if exhausted:
@@ -444,48 +470,11 @@ class Saga:
 
     async def retry(self, org_id: str, entry_id: str) -> UndoEntryRecord:
         """An operator retries a failed entry: it is pending again with fresh retries."""
-        return await self._reopen(org_id, entry_id, UndoState.PENDING, None)
+        return await reopen_entry(self.store, self._clock(), org_id, entry_id, None)
 
     async def resolve(self, org_id: str, entry_id: str, note: str) -> UndoEntryRecord:
         """An operator marks a failed entry handled by hand; the unwinding may go on."""
-        return await self._reopen(org_id, entry_id, UndoState.RESOLVED, note)
-
-    async def _reopen(
-        self, org_id: str, entry_id: str, target: UndoState, note: str | None
-    ) -> UndoEntryRecord:
-        now = self._clock()
-        async with self.store.transaction() as q:
-            entry = await q.get_undo_entry(org_id, entry_id)
-            if entry is None:
-                raise NotFound(f"undo entry '{entry_id}' not found")
-            if entry.state != UndoState.FAILED:
-                raise InvalidStateTransition(entry_id, entry.state, target.value)
-            await q.update_undo_entry(
-                org_id, entry_id, expect_state=UndoState.FAILED.value, state=target.value,
-                attempts=0 if target is UndoState.PENDING else entry.attempts,
-                last_error=note if note is not None else entry.last_error, updated_us=now,
-            )  # fmt: skip
-            effect_target = (
-                EffectState.COMPENSATING if target is UndoState.PENDING else EffectState.COMPENSATED
-            )
-            await q.update_effect(
-                org_id, entry.effect_id, expect_state=EffectState.COMPENSATION_FAILED.value,
-                state=effect_target.value, updated_us=now,
-            )  # fmt: skip
-            session = await self._session(q, org_id, entry.session_id)
-            if session.state == SessionState.COMPENSATION_FAILED:
-                await q.update_session(
-                    org_id, entry.session_id, now, state=SessionState.COMPENSATING
-                )
-            await q.insert_event(
-                org_id,
-                EventType.COMPENSATION_RETRIED if note is None else EventType.COMPENSATION_RESOLVED,
-                entry.session_id, entry.effect_id,
-                _event({"entry_id": entry_id, "fn_name": entry.fn_name, "note": note}), now,
-            )  # fmt: skip
-            reopened = await q.get_undo_entry(org_id, entry_id)
-        assert reopened is not None
-        return reopened
+        return await reopen_entry(self.store, self._clock(), org_id, entry_id, note)
 
     async def complete_session(self, org_id: str, session_id: str) -> SessionRecord:
         """A session whose work ended normally is `completed` (idempotent)."""

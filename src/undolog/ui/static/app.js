@@ -491,13 +491,19 @@ async function renderSession(view, id, quiet) {
     h("td", {}, String(e.step_index)), h("td", {}, e.tool_name), h("td", {}, badge(e.tier)), h("td", {}, badge(e.state)),
     h("td", {}, String(e.attempts)),
     h("td", {}, e.error ? h("span", { class: "error" }, e.error) : h("pre", { class: "json" }, pretty(e.result))),
-    h("td", {}, String(e.replay_count))));
+    h("td", {}, String(e.replay_count)),
+    // Selective undo (docs/undo.md): the entries of the calls after this one.
+    h("td", {}, laterPending(s, e.step_index) ? h("button", { type: "button", class: "secondary undo-after",
+      onclick: () => undoSome(s.session_id, { after_step: e.step_index }, `every call after step ${e.step_index}`) },
+    "Undo after this step") : "")));
   const undo = s.undo_stack.map((u) => h("tr", { dataset: { entry: u.entry_id, state: u.state } },
     h("td", {}, String(u.seq)), h("td", {}, u.fn_name), h("td", {}, badge(u.state)),
     h("td", {}, `${u.attempts} of ${u.max_retries + 1}`), h("td", {}, u.last_error || "—"),
     h("td", {}, u.state === "failed" ? h("div", { class: "actions" },
       h("button", { type: "button", class: "retry", onclick: () => retryEntry(s.session_id, u) }, "Retry"),
-      h("button", { type: "button", class: "secondary resolve", onclick: () => resolveEntry(u) }, "Resolve")) : "")));
+      h("button", { type: "button", class: "secondary resolve", onclick: () => resolveEntry(u) }, "Resolve"))
+      : u.state === "pending" ? h("button", { type: "button", class: "secondary undo-entry",
+        onclick: () => undoSome(s.session_id, { entries: [u.entry_id] }, `${u.fn_name} (entry ${u.seq})`) }, "Undo this") : "")));
   const approvals = s.approvals.map((a) => h("tr", { dataset: { approval: a.id, status: a.status } },
     h("td", {}, a.tool_name), h("td", {}, badge(a.status)), h("td", {}, a.decided_by || "—"), h("td", {}, a.reason || "—")));
   const canRollback = ROLLBACK_STATES.has(s.state);
@@ -510,7 +516,7 @@ async function renderSession(view, id, quiet) {
       disabled: state.busy, onclick: () => confirmRollback(s.session_id) },
     state.busy ? "Rolling back…" : (s.state === "compensation_failed" || s.state === "compensating") ? "Continue rollback" : "Roll back")) : null,
     h("h2", {}, "Timeline"),
-    s.effects.length ? table(["Step", "Tool", "Tier", "State", "Attempts", "Result or error", "Replays"], effects, { id: "effects-table" })
+    s.effects.length ? table(["Step", "Tool", "Tier", "State", "Attempts", "Result or error", "Replays", "Undo"], effects, { id: "effects-table" })
       : h("p", { class: "empty" }, "No effects."),
     h("h2", {}, "Undo stack"),
     s.undo_stack.length ? table(["Seq", "Compensation", "State", "Attempts", "Last error", "Actions"], undo, { id: "undo-table" })
@@ -548,6 +554,29 @@ async function rollback(sessionId) {
   } else {
     say(`Rollback stopped: ${res.data?.message || res.status}`, "error");
   }
+  await render({ quiet: true });
+}
+
+function laterPending(s, step) {
+  const steps = new Map(s.effects.map((e) => [e.effect_id, e.step_index]));
+  return s.undo_stack.some((u) => u.state === "pending" && steps.get(u.effect_id) > step);
+}
+
+// A selective undo: confirm, then (if later calls may depend on it) confirm again with force.
+async function undoSome(sessionId, selection, what) {
+  if (!window.confirm(`Undo ${what}? Their compensations run now; the session stays open.`)) return;
+  const path = `/sessions/${encodeURIComponent(sessionId)}/rollback`;
+  let res = await api(path, { method: "POST", body: selection });
+  if (!res.ok && res.data?.code === "dependent_effects") {
+    const count = res.data.dependents.length;
+    if (!window.confirm(`${count} later call(s) stay in place and may depend on this. Undo anyway?`)) {
+      say("Nothing was undone.");
+      return;
+    }
+    res = await api(path, { method: "POST", body: { ...selection, force: true } });
+  }
+  say(res.ok ? (res.data.outcome === "compensated" ? `Undone: ${what}.` : "Nothing to undo.")
+    : `Undo stopped: ${res.data?.message || res.status}`, res.ok ? "ok" : "error");
   await render({ quiet: true });
 }
 
