@@ -21,6 +21,7 @@ from tests.proxy.test_rollback import (
     RECORD,
     TRANSFER,
     call,
+    cli,
     compensation_calls,
     effect_of,
     entry_of,
@@ -345,3 +346,34 @@ def test_the_transfer_of_a_selective_undo_is_reversed(proxy: ProxyHarness) -> No
         call(client, session, "transfer_funds", TRANSFER, 1)
         assert undo(client, session, after_step=0).status_code == 200
     assert upstream_state(proxy)["balances"] == {"ops": 1000, "ada": 1000}
+
+
+# -- the operator CLI ------------------------------------------------------------------------
+
+
+def test_the_cli_undoes_an_entry_or_the_steps_after_one(proxy: ProxyHarness) -> None:
+    session = new_session()
+    with proxy.client() as client:
+        [(email, _, _), (_, _, _), (record, _, _)] = three_writes(client, session)
+        email_entry = entry_of(view(client, session), email)["entry_id"]
+
+    refused = cli(proxy, "sessions", "rollback", session, "--entry", email_entry)
+    after = cli(proxy, "sessions", "rollback", session, "--after-step", "2")
+    forced = cli(proxy, "sessions", "rollback", session, "--entry", email_entry, "--force")
+    with proxy.client() as client:
+        data = view(client, session)
+
+    assert refused.returncode == 1
+    assert "dependent_effects" in refused.stderr
+    assert after.returncode == 0, after.stderr
+    assert "undo: compensated" in after.stdout
+    assert f"session {session}  state=active" in after.stdout
+    assert forced.returncode == 0, forced.stderr
+    assert "warning: step 2 transfer_funds (committed) may depend on what was undone" in (
+        forced.stdout
+    )
+    assert entry_of(data, record)["state"] == entry_of(data, email)["state"] == "compensated"
+    assert [c["tool"] for c in compensation_calls(proxy, session)] == [
+        "delete_record",
+        "undo_send_email",
+    ]
