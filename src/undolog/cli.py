@@ -387,6 +387,7 @@ def demo(
 
 
 def _add_operator_commands() -> None:
+    from undolog.cli_audit import audit_app
     from undolog.cli_keys import keys_app
     from undolog.cli_ops import approvals_app, sessions_app, undo_app
     from undolog.cli_retention import prune
@@ -396,6 +397,7 @@ def _add_operator_commands() -> None:
     app.add_typer(sessions_app, name="sessions")
     app.add_typer(undo_app, name="undo")
     app.command("prune")(prune)
+    app.add_typer(audit_app, name="audit")
 
 
 _add_operator_commands()

@@ -16,7 +16,7 @@ import typer
 
 from undolog.config import load_settings
 
-__all__ = ["keys_app"]
+__all__ = ["keys_app", "on_store"]
 
 keys_app = typer.Typer(add_completion=False, help="Create, list and revoke API keys.")
 
@@ -26,9 +26,11 @@ _JSON = typer.Option(False, "--json", help="Print JSON")
 T = TypeVar("T")
 
 
-def _with_keys(
+def on_store(
     database_url: str | None, config: str | None, action: Callable[[Any], Awaitable[T]]
 ) -> T:
+    """Run `action(store)` on the database the flags (or env, or config) name, migrated;
+    an UndoLog error is printed and exits 1, bad settings exit 2. Also `undolog audit`'s."""
     try:
         settings = load_settings({"database_url": database_url, "config": config})
     except ValueError as exc:
@@ -36,13 +38,12 @@ def _with_keys(
         raise typer.Exit(2) from None
 
     async def run() -> T:
-        from undolog.engine.keys import Keys
         from undolog.store import open_store
 
         store = await open_store(settings.database_url)
         try:
             await store.migrate()
-            return await action(Keys(store))
+            return await action(store)
         finally:
             await store.close()
 
@@ -53,6 +54,14 @@ def _with_keys(
     except UndoLogError as exc:
         typer.echo(f"error: {exc.code}: {exc.message}", err=True)
         raise typer.Exit(1) from None
+
+
+def _with_keys(
+    database_url: str | None, config: str | None, action: Callable[[Any], Awaitable[T]]
+) -> T:
+    from undolog.engine.keys import Keys
+
+    return on_store(database_url, config, lambda store: action(Keys(store)))
 
 
 def _when(us: int | None) -> str:

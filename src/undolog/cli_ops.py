@@ -113,16 +113,40 @@ def sessions_show(
 
 @sessions_app.command("rollback")
 def sessions_rollback(
-    session_id: str, url: str = _URL, api_key: str = _KEY, as_json: bool = _JSON
+    session_id: str,
+    entry: list[str] = typer.Option(
+        None, "--entry", help="Undo only this undo entry (repeatable); the session stays open"
+    ),
+    after_step: int = typer.Option(
+        None, "--after-step", help="Undo only the calls after this step; the session stays open"
+    ),
+    force: bool = typer.Option(
+        False, "--force", help="Undo even if later calls that stay may depend on it"
+    ),
+    url: str = _URL,
+    api_key: str = _KEY,
+    as_json: bool = _JSON,
 ) -> None:
-    """Unwind the session's undo stack, newest first."""
-    data = _request("POST", url, api_key, f"/sessions/{session_id}/rollback")
+    """Unwind the session's undo stack, newest first (or only chosen entries: docs/undo.md)."""
+    body: dict[str, Any] | None = None
+    if entry or after_step is not None:
+        body = {"force": force}
+        if entry:
+            body["entries"] = entry
+        if after_step is not None:
+            body["after_step"] = after_step
+    data = _request("POST", url, api_key, f"/sessions/{session_id}/rollback", body)
     if as_json:
         _print_json(data)
     else:
-        typer.echo(f"rollback: {data['outcome']}")
+        typer.echo(f"{'undo' if body else 'rollback'}: {data['outcome']}")
         if data.get("message"):
             typer.echo(data["message"])
+        for dependent in data.get("dependents", []):
+            typer.echo(
+                f"warning: step {dependent['step_index']} {dependent['tool_name']} "
+                f"({dependent['state']}) may depend on what was undone"
+            )
         typer.echo(render_session(_request("GET", url, api_key, f"/sessions/{session_id}")))
     if data["outcome"] not in (RollbackOutcome.COMPENSATED, RollbackOutcome.EMPTY):
         raise typer.Exit(1)

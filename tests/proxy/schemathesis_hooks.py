@@ -43,7 +43,7 @@ import schemathesis
 EXCUSED_LOG = "UNDOLOG_SCHEMATHESIS_EXCUSED"  # a file to note each excused failure in
 
 UPSTREAM_CODES = frozenset({"tool_error", "intercept_failed", "commit_failed"})
-INTEGER_FIELDS = frozenset({"step_index", "max_retries", "retry_backoff_ms"})
+INTEGER_FIELDS = frozenset({"step_index", "max_retries", "retry_backoff_ms", "after_step"})
 
 
 def _integral_floats(body: Any) -> bool:

@@ -82,6 +82,7 @@ EXPORTS: dict[str, list[str]] = {
         "CompensationFailed",
         "CompensationRegisteredTooLate",
         "Database",
+        "DependentEffects",
         "DuplicateSignature",
         "EffectInDoubt",
         "EmptyUndoStack",

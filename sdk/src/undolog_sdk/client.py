@@ -166,6 +166,10 @@ class ClaimNotHeldProxyError(_errors.ClaimNotHeld, ProxyError):
 
 # `retry_after` is an int on RateLimited and `int | None` on ProxyError: the proxy's RateLimited
 # answer always carries it, and a body without it leaves None (as on any ProxyError).
+class DependentEffectsProxyError(_errors.DependentEffects, ProxyError):
+    pass
+
+
 class RateLimitedProxyError(_errors.RateLimited, ProxyError):  # type: ignore[misc]
     pass
 
@@ -220,6 +224,7 @@ _TYPED: dict[type[_errors.UndoLogError], type[ProxyError]] = {
         PayloadTooLargeProxyError,
         InProgressProxyError,
         ClaimNotHeldProxyError,
+        DependentEffectsProxyError,
         RateLimitedProxyError,
         EffectInDoubtProxyError,
         SessionClosedProxyError,
@@ -427,14 +432,18 @@ class UndoLogClient:
                 _raise_for_error(response)
         return response.json()
 
-    async def rollback_session(self, org_id: str, session_id: str) -> dict[str, Any]:
-        """Ask the proxy to unwind the session (`POST /sessions/{id}/rollback`).
+    async def rollback_session(
+        self, org_id: str, session_id: str, selection: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Ask the proxy to unwind the session (`POST /sessions/{id}/rollback`), or with
+        `selection` (`{"entries": [...]}` or `{"after_step": N}`, and `"force"`) to undo
+        only those entries and keep the session open.
 
         Returns the answer body whatever its outcome (`compensated`, `empty_undo_stack`,
         `waiting_for_runner`, `compensation_failed`, `in_progress`, `effect_in_doubt`).
         """
         data: dict[str, Any] = await self._call(
-            "POST", f"/sessions/{session_id}/rollback", org_id, outcome=True
+            "POST", f"/sessions/{session_id}/rollback", org_id, selection, outcome=True
         )
         return data
 

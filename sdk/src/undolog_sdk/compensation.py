@@ -90,8 +90,12 @@ async def _run_entry(client: UndoLogClient, org_id: str, entry_id: str) -> bool:
     return True
 
 
-async def unwind(client: UndoLogClient, org_id: str, session_id: str) -> str:
-    """Roll the session back, running the SDK's entries here; returns the final outcome.
+async def unwind(
+    client: UndoLogClient, org_id: str, session_id: str, selection: dict[str, Any] | None = None
+) -> str:
+    """Roll the session back (or undo the `selection` of its entries: see
+    `UndoLogClient.rollback_session`), running the SDK's entries here; returns the final
+    outcome.
 
     Raises:
         CompensationFailed: an entry exhausted its retries (the unwinding stopped there).
@@ -99,7 +103,11 @@ async def unwind(client: UndoLogClient, org_id: str, session_id: str) -> str:
     """
     deadline = time.monotonic() + BUSY_DEADLINE_SECONDS
     while True:
-        answer = await client.rollback_session(org_id, session_id)
+        answer = await (
+            client.rollback_session(org_id, session_id)
+            if selection is None
+            else client.rollback_session(org_id, session_id, selection)
+        )
         outcome = str(answer["outcome"])
         if outcome in DONE_OUTCOMES:
             return outcome

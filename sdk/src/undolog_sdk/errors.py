@@ -30,6 +30,7 @@ group is what the proxy's REST API adds.
      ├── PayloadTooLarge                413 payload_too_large
      ├── InProgress                     409 in_progress                  (retryable, retry_after)
      ├── ClaimNotHeld                   409 claim_not_held
+     ├── DependentEffects               409 dependent_effects
      ├── RateLimited                    429 rate_limited                 (retryable, retry_after)
      ├── EffectInDoubt                  409 effect_in_doubt
      ├── SessionClosed                  409 session_closed
@@ -60,6 +61,7 @@ __all__ = [
     "CompensationFailed",
     "CompensationRegisteredTooLate",
     "Database",
+    "DependentEffects",
     "DuplicateSignature",
     "EffectInDoubt",
     "EmptyUndoStack",
@@ -369,6 +371,19 @@ class ClaimNotHeld(UndoLogError):
 
     def fields(self) -> dict[str, Any]:
         return {"entry_id": self.entry_id}
+
+
+class DependentEffects(UndoLogError):
+    """A selective undo would leave later calls that may rely on it (docs/undo.md)."""
+
+    code, http_status = "dependent_effects", 409
+
+    def __init__(self, session_id: str, dependents: list[str]) -> None:
+        self.session_id, self.dependents = session_id, dependents
+        super().__init__(f"later calls of '{session_id}' may depend on this; undo with force")
+
+    def fields(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "dependents": self.dependents}
 
 
 class RateLimited(UndoLogError):

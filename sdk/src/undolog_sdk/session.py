@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from undolog_sdk.client import UndoLogClient, default_client
 from undolog_sdk.compensation import unwind
@@ -138,6 +139,30 @@ class UndoLogSession:
         """
         self._rolled_back = True
         return await unwind(self._client(), self.org_id, self.session_id)
+
+    async def undo(
+        self,
+        *,
+        entries: Sequence[str] | None = None,
+        after_step: int | None = None,
+        force: bool = False,
+    ) -> str:
+        """Undo chosen calls of this session, newest first, and keep it open: the undo
+        entries `entries`, or every entry of a call after step `after_step`. Returns the
+        outcome (`"compensated"` or `"empty_undo_stack"`).
+
+        Raises:
+            DependentEffects: later calls that may rely on the chosen ones would stay in
+                place (their ids in `dependents`); pass `force=True` to undo anyway.
+            CompensationFailed: a compensation exhausted its retries.
+            EffectInDoubt: a chosen call's outcome is unknown; an operator must resolve it.
+        """
+        selection: dict[str, Any] = {"force": force}
+        if entries is not None:
+            selection["entries"] = list(entries)
+        if after_step is not None:
+            selection["after_step"] = after_step
+        return await unwind(self._client(), self.org_id, self.session_id, selection)
 
     def _client(self) -> UndoLogClient:
         if self.client is None:

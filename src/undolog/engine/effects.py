@@ -313,8 +313,10 @@ class Effects(Registry):
         outcome: str,
         result_json: str | None = None,
         error: str | None = None,
+        by: str = "operator",
     ) -> EffectRecord:
-        """An operator settles an `in_doubt` effect as committed (with a result) or failed."""
+        """An operator (`by`, recorded in the event: the key's name) settles an `in_doubt`
+        effect as committed (with a result) or failed."""
         if outcome not in (EffectState.COMMITTED, EffectState.FAILED):
             raise InvalidRequest("outcome must be 'committed' or 'failed'")
         target = EffectState(outcome)
@@ -336,7 +338,7 @@ class Effects(Registry):
             None
             if target is EffectState.COMMITTED
             else error or "resolved as failed by an operator",
-            resolved=True,
+            resolved_by=by,
         )
 
     async def _finish(
@@ -347,15 +349,15 @@ class Effects(Registry):
         result_json: str | None,
         error: str | None,
         *,
-        resolved: bool = False,
+        resolved_by: str | None = None,
         undoable: bool = True,
     ) -> EffectRecord:
         now = self._clock()
         extra: dict[str, Any] = {}
         if error is not None:
             extra["error"] = error
-        if resolved:
-            extra["resolved_by"] = "operator"
+        if resolved_by is not None:
+            extra["resolved_by"] = resolved_by
         if not undoable:
             extra["undo"] = "skipped: the tool reported a logical failure"
         committed = target is EffectState.COMMITTED

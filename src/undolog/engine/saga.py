@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import NoReturn
 
 from undolog.engine.model import check_registered_before_executed, session_lock_key
@@ -49,6 +49,9 @@ from undolog_sdk.errors import (
 )
 from undolog_sdk.wire import EventType, ExecutionMode
 from undolog_sdk.wire import RollbackOutcome as RollbackStatus
+
+# Entries a compensation (or an operator's hand) undid.
+_UNDONE = frozenset({UndoState.COMPENSATED, UndoState.RESOLVED})
 
 __all__ = [
     "LOST_RUN",
@@ -119,11 +122,17 @@ class Saga(Repairs):
             pairs.append((entry, effect))
         return pairs
 
-    async def claim(self, org_id: str, session_id: str, runner: str) -> Claim | RollbackStatus:
+    async def claim(
+        self, org_id: str, session_id: str, runner: str, only: Collection[str] | None = None
+    ) -> Claim | RollbackStatus:
         """Claim the top entry for `runner`, or say why there is nothing to claim.
 
         Entries whose forward call never committed are skipped on the way down. When the
         stack is done the session becomes `compensated` (`EMPTY` if nothing ever ran).
+
+        With `only` (a selective undo, docs/undo.md), the stack is just those entries and
+        the session keeps its state: an entry whose call did not commit is left alone (the
+        call may still be retried), and the end of the entries closes nothing.
         """
         if runner not in list(ExecutionMode):
             raise InvalidRequest("runner must be 'proxy' or 'sdk'")
@@ -131,20 +140,28 @@ class Saga(Repairs):
         # at once take turns, and the second sees the first's claim.
         async with self.store.transaction(lock_key=session_lock_key(org_id, session_id)) as q:
             session = await self._session(q, org_id, session_id)
-            if session.state == SessionState.COMPENSATED:
+            if only is None and session.state == SessionState.COMPENSATED:
                 return RollbackStatus.COMPENSATED
-            if session.state != SessionState.COMPENSATING:
+            if only is None and session.state != SessionState.COMPENSATING:
                 wanted = SessionState.COMPENSATING.value
                 raise InvalidStateTransition(session_id, session.state, wanted)
+            left_alone: set[str] = set()
             while True:
                 now = self._clock()
                 stack = await self._stack(q, org_id, session_id)
+                if only is not None:
+                    chosen = [(e, f) for e, f in stack if e.entry_id in only]
+                    stack = [(e, f) for e, f in chosen if e.entry_id not in left_alone]
                 idempotent = await self._idempotent_entries(q, stack)
                 step = plan_next(stack, runner, now, idempotent)
                 if step.kind is StepKind.LOST:
                     assert step.entry is not None
                     await self._needs_attention(q, step.entry, LOST_RUN, now)
                     return RollbackStatus.COMPENSATION_FAILED
+                if only is not None and step.kind is StepKind.SKIP:
+                    assert step.entry is not None
+                    left_alone.add(step.entry.entry_id)
+                    continue
                 if step.kind in (StepKind.SKIP, StepKind.SETTLE):
                     assert step.entry is not None
                     target = (
@@ -161,6 +178,9 @@ class Saga(Repairs):
                         now,
                     )  # fmt: skip
                     continue
+                if step.kind is StepKind.DONE and only is not None:
+                    ran = any(e.state in _UNDONE for e, _ in chosen)
+                    return RollbackStatus.COMPENSATED if ran else RollbackStatus.EMPTY
                 if step.kind is StepKind.DONE:
                     return await self._finish(q, session, stack, now)
                 if step.kind is StepKind.RUN:
@@ -169,9 +189,7 @@ class Saga(Repairs):
                 if step.kind is StepKind.FAILED:
                     # A rerun before an operator acted: `begin` reopened the session, but the
                     # failed entry still stops the unwinding, so the session stays failed too.
-                    await q.update_session(
-                        org_id, session_id, now, state=SessionState.COMPENSATION_FAILED
-                    )
+                    await self._fail_session(q, org_id, session_id, now)
                     return RollbackStatus.COMPENSATION_FAILED
                 return {
                     StepKind.BUSY: RollbackStatus.BUSY,
@@ -215,9 +233,14 @@ class Saga(Repairs):
             entry.org_id, entry.effect_id, expect_state=EffectState.COMPENSATING.value,
             state=EffectState.COMPENSATION_FAILED.value, updated_us=now,
         )  # fmt: skip
-        await q.update_session(
-            entry.org_id, entry.session_id, now, state=SessionState.COMPENSATION_FAILED
-        )
+        await self._fail_session(q, entry.org_id, entry.session_id, now)
+
+    async def _fail_session(self, q: Queries, org_id: str, session_id: str, now: int) -> None:
+        """An entry gave up: a session being rolled back is `compensation_failed`; one whose
+        entries are undone selectively (docs/undo.md) keeps its state and stays usable."""
+        session = await self._session(q, org_id, session_id)
+        if session.state == SessionState.COMPENSATING:
+            await q.update_session(org_id, session_id, now, state=SessionState.COMPENSATION_FAILED)
 
     async def give_up(self, org_id: str, entry_id: str, error: str, claim_token: str) -> NoReturn:
         """The claimed compensation's outcome is unknown (a timeout, a lost connection) and
@@ -319,9 +342,13 @@ class Saga(Repairs):
         """
         async with self.store.reader() as q:
             entry = await q.get_undo_entry(org_id, entry_id)
-        if entry is None:
+            session = await q.get_session(org_id, entry.session_id) if entry else None
+        if entry is None or session is None:
             raise NotFound(f"undo entry '{entry_id}' not found")
-        result = await self.claim(org_id, entry.session_id, runner)
+        # Outside a full rollback, the SDK runs an entry a selective undo handed it.
+        rolling_back = session.state in (SessionState.COMPENSATING, SessionState.COMPENSATED)
+        only = None if rolling_back else {entry_id}
+        result = await self.claim(org_id, entry.session_id, runner, only)
         if isinstance(result, Claim) and result.entry.entry_id == entry_id:
             return result
         if isinstance(result, Claim):  # pragma: no cover - handed back below
@@ -405,9 +432,7 @@ class Saga(Repairs):
                     org_id, entry.effect_id, expect_state=EffectState.COMPENSATING.value,
                     state=EffectState.COMPENSATION_FAILED.value, updated_us=now,
                 )  # fmt: skip
-                await q.update_session(
-                    org_id, entry.session_id, now, state=SessionState.COMPENSATION_FAILED
-                )
+                await self._fail_session(q, org_id, entry.session_id, now)
             failed = await q.get_undo_entry(org_id, entry_id)
         assert failed is not None
         if exhausted:

@@ -72,7 +72,10 @@ ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, dict[int, Any]]] = {
     ("POST", "/effects/{id}/resolve"): (s.ResolveBody, _r(s.Effect, *_BODY, 404, 409)),
     ("GET", "/sessions"): (None, _r(s.Session, *_KEYED, many=True)),
     ("GET", "/sessions/{id}"): (None, _r(s.SessionView, *_KEYED, 404)),
-    ("POST", "/sessions/{id}/rollback"): (None, _r(s.Rollback, *_BODY, 404, 409, 502)),
+    ("POST", "/sessions/{id}/rollback"): (
+        s.UndoSelectionBody,
+        _r(s.Rollback, *_BODY, 404, 409, 502),
+    ),
     ("POST", "/sessions/{id}/complete"): (None, _r(s.SessionClosed, *_BODY, 404, 409)),
     ("POST", "/undo/{entry}/claim"): (None, _r(s.UndoClaim, *_BODY, 404, 409)),
     ("POST", "/undo/{entry}/complete"): (s.UndoReportBody, _r(s.UndoEntry, *_BODY, 404, 409)),
@@ -95,7 +98,11 @@ ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, dict[int, Any]]] = {
 
 # Bodies that are optional (an empty body is taken as `{}`).
 _OPTIONAL_BODY = frozenset(
-    {("POST", "/approvals/{id}/approve"), ("POST", "/approvals/{id}/reject")}
+    {
+        ("POST", "/approvals/{id}/approve"),
+        ("POST", "/approvals/{id}/reject"),
+        ("POST", "/sessions/{id}/rollback"),
+    }
 )
 
 _CURSOR = {

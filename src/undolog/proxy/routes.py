@@ -187,8 +187,8 @@ async def resolve_effect(id: str, request: Request) -> Response:
     error = data.get("error")
     if error is not None and not isinstance(error, str):
         raise InvalidRequest("error must be a string")
-    if outcome == EffectState.FAILED:  # who resolved it is on record, from the key
-        by = request.state.principal.decider
+    by = request.state.principal.decider  # who resolved it is on record, from the key
+    if outcome == EffectState.FAILED:
         error = f"{error} (resolved by {by})" if error else f"resolved as failed by {by}"
     effect = await runtime.engine.resolve(
         request.state.org_id,
@@ -196,6 +196,7 @@ async def resolve_effect(id: str, request: Request) -> Response:
         outcome=outcome,
         result_json=result,
         error=None if error is None else storable(error, "error"),
+        by=by,
     )
     return json_response(effect_json(effect))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, RootModel, WithJsonSchema
 
 __all__ = [
     "Approval",
@@ -41,10 +41,14 @@ __all__ = [
     "ToolCallAnswer",
     "ToolCallBody",
     "ToolCallPending",
+    "UndoAfterStep",
     "UndoClaim",
+    "UndoEntries",
     "UndoEntry",
     "UndoFailBody",
     "UndoReportBody",
+    "UndoSelectionBody",
+    "WholeSession",
 ]
 
 # Text every store can hold: no NUL (PostgreSQL TEXT refuses it; see `inputs.py`).
@@ -360,6 +364,10 @@ class UnsettledEffect(BaseModel):
     state: str
 
 
+class DependentEffect(UnsettledEffect):
+    step_index: int
+
+
 class Rollback(BaseModel):
     """The rollback's answer; a 409/502 carries the same fields inside the error body."""
 
@@ -371,6 +379,37 @@ class Rollback(BaseModel):
     outcome: str
     code: str | None = Field(None, description="`empty_undo_stack` when nothing was to undo")
     message: str | None = None
+    selected: list[str] | None = Field(
+        None, description="a selective undo only: the entries it undoes, newest first"
+    )
+    dependents: list[DependentEffect] | None = Field(
+        None, description="a selective undo only: later calls left in place (docs/undo.md)"
+    )
+
+
+class UndoEntries(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    entries: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        min_length=1, max_length=100, description="the undo entries to undo"
+    )
+    force: bool = Field(False, description="undo even when later calls may depend on it")
+
+
+class UndoAfterStep(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    after_step: int = Field(ge=0, description="undo every entry of a call after this step")
+    force: bool = Field(False, description="undo even when later calls may depend on it")
+
+
+class WholeSession(BaseModel):
+    """`{}` (or no body): roll the whole session back."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class UndoSelectionBody(RootModel[WholeSession | UndoEntries | UndoAfterStep]):
+    """No body (or `{}`): roll the whole session back. With `entries`, or `after_step`: undo
+    those entries only, and keep the session open (docs/undo.md)."""
 
 
 class RejectBody(BaseModel):

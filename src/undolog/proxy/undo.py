@@ -17,12 +17,13 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from undolog.engine.saga import RollbackStatus
+from undolog.engine.selective import Selection
 from undolog.proxy.inputs import scrubbed, storable
 from undolog.proxy.owners import Owned, hide_unowned
 from undolog.proxy.wire import error_body, json_response, undo_entry_json
-from undolog.services.rollback import run_rollback
+from undolog.services.rollback import run_rollback, run_selective_undo
 from undolog.services.tracing import TRACEPARENT, traceparent_of
-from undolog.store.records import UndoEntryRecord
+from undolog.store.records import EffectRecord, UndoEntryRecord
 from undolog_sdk.errors import (
     CompensationFailed,
     EffectInDoubt,
@@ -32,6 +33,7 @@ from undolog_sdk.errors import (
 )
 from undolog_sdk.wire import EffectState, ExecutionMode, UndoState
 
+_MAX_ID = 200  # characters of an entry id in a selective undo's body
 # Entries that no longer block the unwinding.
 _SETTLED = frozenset({UndoState.COMPENSATED, UndoState.SKIPPED, UndoState.RESOLVED})
 
@@ -43,35 +45,80 @@ __all__ = ["router"]
 router = APIRouter()
 
 
-async def _rollback_body(runtime: Runtime, org_id: str, session_id: str) -> dict[str, Any]:
+async def _rollback_body(
+    runtime: Runtime, org_id: str, session_id: str, only: Selection | None = None
+) -> dict[str, Any]:
     view = await runtime.engine.session_view(org_id, session_id)
     stack = [undo_entry_json(e) for e in view.undo_entries]
-    pending = next((e for e in stack if e["state"] not in _SETTLED), None)
+    chosen = [e for e in stack if only is None or e["entry_id"] in only.entry_ids]
+    pending = next((e for e in chosen if e["state"] not in _SETTLED), None)
     # The calls that stop the unwinding: in doubt (or still running) under an open entry.
-    open_effects = {e["effect_id"] for e in stack if e["state"] not in _SETTLED}
+    open_effects = {e["effect_id"] for e in chosen if e["state"] not in _SETTLED}
     unsettled = [
         {"effect_id": e.effect_id, "tool_name": e.tool_name, "state": e.state}
         for e in view.effects
         if e.effect_id in open_effects and e.state in (EffectState.IN_DOUBT, EffectState.EXECUTING)
     ]
-    return {
+    body: dict[str, Any] = {
         "session_id": session_id,
         "state": view.session.state,
         "undo_stack": stack,
         "next_entry": pending,
         "in_doubt_effects": unsettled,
     }
+    if only is not None:  # a selective undo: what it chose, and what it was warned about
+        body["selected"] = [e["entry_id"] for e in chosen]
+        body["dependents"] = [_effect_brief(e) for e in only.dependents]
+    return body
+
+
+def _effect_brief(effect: EffectRecord) -> dict[str, Any]:
+    return {"effect_id": effect.effect_id, "step_index": effect.step_index,
+            "tool_name": effect.tool_name, "state": effect.state}  # fmt: skip
+
+
+def _selection(data: dict[str, Any]) -> tuple[list[str] | None, int | None, bool]:
+    """A selective undo's body: `entries` (undo entry ids) or `after_step`, and `force`."""
+    unknown = set(data) - {"entries", "after_step", "force"}
+    if unknown:
+        raise InvalidRequest(f"unknown field '{sorted(unknown)[0]}'")
+    if ("entries" in data) == ("after_step" in data):
+        raise InvalidRequest("name either 'entries' or 'after_step'")
+    entries, after_step, force = data.get("entries"), data.get("after_step"), data.get("force")
+    if "entries" in data and not (
+        isinstance(entries, list)
+        and all(isinstance(e, str) and 0 < len(e) <= _MAX_ID for e in entries)
+    ):
+        raise InvalidRequest("'entries' must be a list of undo entry ids")
+    if "after_step" in data and (
+        isinstance(after_step, bool) or not isinstance(after_step, int) or after_step < 0
+    ):
+        raise InvalidRequest("'after_step' must be a step index (an integer, 0 or more)")
+    if "force" in data and not isinstance(force, bool):
+        raise InvalidRequest("'force' must be true or false")
+    return entries, after_step, bool(force)
 
 
 @router.post("/sessions/{id}/rollback")
 async def rollback_session(id: str, request: Request) -> Response:
+    """No body: roll the whole session back. `{"entries": [...]}` or `{"after_step": N}`
+    (with `"force": true` past dependents): a selective undo that leaves the session open
+    (docs/undo.md)."""
     runtime: Runtime = request.app.state.runtime
     org_id: str = request.state.org_id
     request_id: str = request.state.request_id
     await hide_unowned(request, Owned.SESSION, id)
-    traceparent = traceparent_of(request.headers.get(TRACEPARENT))
-    status, error = await run_rollback(runtime, org_id, id, request_id, traceparent)
-    body = await _rollback_body(runtime, org_id, id)
+    data = await _body(request, False)
+    selection: Selection | None = None
+    if data:
+        entries, after_step, force = _selection(data)
+        status, error, selection = await run_selective_undo(
+            runtime, org_id, id, request_id, entries=entries, after_step=after_step, force=force
+        )
+    else:
+        traceparent = traceparent_of(request.headers.get(TRACEPARENT))
+        status, error = await run_rollback(runtime, org_id, id, request_id, traceparent)
+    body = await _rollback_body(runtime, org_id, id, selection)
     body["outcome"] = status.value
     if status is RollbackStatus.EMPTY:
         info = EmptyUndoStack(id)

@@ -6,6 +6,8 @@ compensation lives on the tool server (entries of proxy-executed calls), each wi
 gives up (`compensation_failed`), or when the top entry belongs to the SDK
 (`waiting_for_runner`: the SDK claims it, runs it and reports, then calls rollback again).
 Front ends render the `RollbackStatus` it returns (`undolog.proxy.undo` for REST).
+`run_selective_undo` does the same for chosen entries only and leaves the session open
+(docs/undo.md).
 """
 
 from __future__ import annotations
@@ -13,19 +15,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
 from undolog.engine.saga import Claim, RollbackStatus
+from undolog.engine.selective import Selection, load_selection
 from undolog.faults import crash_point
 from undolog.services import tracing
 from undolog.services.executor import ToolResult, ToolTransportError, ToolUnreachable
-from undolog_sdk.errors import CompensationFailed, ToolNotRegistered, UndoLogError
+from undolog_sdk.errors import (
+    CompensationFailed,
+    DependentEffects,
+    ToolNotRegistered,
+    UndoLogError,
+)
 from undolog_sdk.wire import ExecutionMode
 
 if TYPE_CHECKING:
     from undolog.services.runtime import Runtime
 
-__all__ = ["run_rollback"]
+__all__ = ["run_rollback", "run_selective_undo"]
 
 
 async def _compensation_upstream(runtime: Runtime, claim: Claim) -> str | None:
@@ -166,8 +176,47 @@ async def _unwind(
     runtime: Runtime, org_id: str, session_id: str, request_id: str
 ) -> tuple[RollbackStatus, str | None]:
     await runtime.saga.begin(org_id, session_id)
+    return await _drive(runtime, org_id, session_id, request_id, None)
+
+
+async def run_selective_undo(
+    runtime: Runtime,
+    org_id: str,
+    session_id: str,
+    request_id: str,
+    *,
+    entries: Sequence[str] | None = None,
+    after_step: int | None = None,
+    force: bool = False,
+) -> tuple[RollbackStatus, str | None, Selection]:
+    """Undo chosen entries (`entries`, or every entry after step `after_step`), newest first,
+    as far as this runner can; the session keeps its state (docs/undo.md).
+
+    Raises:
+        DependentEffects: later calls that may depend on the chosen ones stay in place, and
+            `force` is not set (nothing was run).
+    """
+    selection = await load_selection(
+        runtime.store, org_id, session_id, entries=entries, after_step=after_step
+    )
+    if selection.dependents and not force:
+        raise DependentEffects(session_id, [e.effect_id for e in selection.dependents])
+    if not selection.entry_ids:
+        return RollbackStatus.EMPTY, None, selection
+    status, error = await _drive(runtime, org_id, session_id, request_id, selection.entry_ids)
+    return status, error, selection
+
+
+async def _drive(
+    runtime: Runtime,
+    org_id: str,
+    session_id: str,
+    request_id: str,
+    only: AbstractSet[str] | None,
+) -> tuple[RollbackStatus, str | None]:
+    """Claim and run entries (all, or `only` these) until there is nothing this runner can do."""
     while True:
-        claimed = await runtime.saga.claim(org_id, session_id, ExecutionMode.PROXY)
+        claimed = await runtime.saga.claim(org_id, session_id, ExecutionMode.PROXY, only)
         if isinstance(claimed, RollbackStatus):
             return claimed, None
         error = await _run_claim(runtime, claimed, request_id)

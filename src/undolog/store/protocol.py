@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from undolog.store.records import (
     ApprovalRecord,
+    AuditHeadRecord,
     EffectRecord,
     EventRecord,
     KeyRecord,
@@ -354,6 +355,13 @@ class Queries(Protocol):
     async def update_approval(
         self, org_id: str, approval_id: str, *, expect_status: str | None = None, **changes: Any
     ) -> bool: ...
+
+    async def get_audit_head(self, org_id: str) -> AuditHeadRecord | None:
+        """Where the org's audit chain stood after its last export (None: never exported)."""
+
+    async def put_audit_head(self, head: AuditHeadRecord, expect_hash: str | None) -> bool:
+        """Store the org's new audit head if the stored one is still `expect_hash` (None:
+        none yet); False when another export moved it first."""
 
     async def count_by_state(self, org_id: str, table: str) -> dict[str, int]:
         """How many rows of an org's `effects`, `sessions` or `approvals` are in each state."""

@@ -14,6 +14,7 @@ from undolog_sdk.wire import ExecutionMode
 
 __all__ = [
     "ApprovalRecord",
+    "AuditHeadRecord",
     "EffectRecord",
     "EventRecord",
     "KeyRecord",
@@ -181,3 +182,14 @@ class WebhookDeliveryRecord:
     last_error: str | None
     created_us: int
     updated_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class AuditHeadRecord:
+    """Where an org's audit chain stands after its last export (docs/audit.md)."""
+
+    org_id: str
+    head_hash: str  # the `hash` of the chain's last record
+    last_event_id: int  # the event that record came from: the next export starts after it
+    record_count: int  # records in the chain from its start
+    exported_us: int

@@ -7,8 +7,15 @@ import abc
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from undolog.store._sql.rows import KEY, ORG, OWNED_BY_SESSION, POLICY, SESSION, TOOL
-from undolog.store.records import KeyRecord, OrgRecord, PolicyRecord, SessionRecord, ToolRecord
+from undolog.store._sql.rows import AUDIT_HEAD, KEY, ORG, OWNED_BY_SESSION, POLICY, SESSION, TOOL
+from undolog.store.records import (
+    AuditHeadRecord,
+    KeyRecord,
+    OrgRecord,
+    PolicyRecord,
+    SessionRecord,
+    ToolRecord,
+)
 from undolog_sdk.wire import SessionState
 
 
@@ -306,3 +313,25 @@ class AccountSql(abc.ABC):
             )
         row = await self._fetchrow(sql, org_id, id_)
         return (False, None) if row is None else (True, row[0])
+
+    # -- audit chain heads -------------------------------------------------------------------
+
+    async def get_audit_head(self, org_id: str) -> AuditHeadRecord | None:
+        row = await self._fetchrow(
+            f"SELECT {AUDIT_HEAD.select()} FROM audit_heads WHERE org_id = ?", org_id
+        )
+        return AUDIT_HEAD.row(row) if row else None
+
+    async def put_audit_head(self, head: AuditHeadRecord, expect_hash: str | None) -> bool:
+        """Store the org's new head, only if the stored one is still `expect_hash` (None:
+        no head yet); False when another export moved it first."""
+        if expect_hash is None:
+            sql = f"{AUDIT_HEAD.insert('audit_heads')} ON CONFLICT (org_id) DO NOTHING"
+            return await self._execute(sql, *AUDIT_HEAD.values(head)) == 1
+        changed = await self._execute(
+            "UPDATE audit_heads SET head_hash = ?, last_event_id = ?, record_count = ?, "
+            "exported_us = ? WHERE org_id = ? AND head_hash = ?",
+            head.head_hash, head.last_event_id, head.record_count, head.exported_us,
+            head.org_id, expect_hash,
+        )  # fmt: skip
+        return changed == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 from undolog.store._columns import columns
 from undolog.store.records import (
     ApprovalRecord,
+    AuditHeadRecord,
     EffectRecord,
     EventRecord,
     KeyRecord,
@@ -26,6 +27,7 @@ ORG = columns(OrgRecord)
 SESSION = columns(SessionRecord)
 EVENT = columns(EventRecord)
 POLICY = columns(PolicyRecord)
+AUDIT_HEAD = columns(AuditHeadRecord)
 UNDO_NEW = UNDO.without("seq")  # the database assigns `seq`
 
 # The states the statements below filter on, bound as parameters. Callers may pass others;

@@ -6,6 +6,7 @@ import { $, ask, badge, frame, h, pager, pretty, say, shortId, table, when } fro
 import { HISTORY, activityList } from "./live.js";
 import { sessionsHash } from "./nav.js";
 import { render, state } from "./state.js";
+import { laterPending, undoSome } from "./undo.js";
 
 export const PAGE_SIZE = 20;
 const STATES = ["active", "completed", "failed", "halted", "compensating", "compensated", "compensation_failed"];
@@ -67,13 +68,19 @@ export async function renderSession(view, id, quiet) {
     h("td", {}, String(e.step_index)), h("td", {}, e.tool_name), h("td", {}, badge(e.tier)), h("td", {}, badge(e.state)),
     h("td", {}, String(e.attempts)),
     h("td", {}, e.error ? h("span", { class: "error" }, e.error) : h("pre", { class: "json" }, pretty(e.result))),
-    h("td", {}, String(e.replay_count))));
+    h("td", {}, String(e.replay_count)),
+    // Selective undo (docs/undo.md): the entries of the calls after this one.
+    h("td", {}, laterPending(s, e.step_index) ? h("button", { type: "button", class: "secondary undo-after",
+      onclick: () => undoSome(s.session_id, { after_step: e.step_index }, `every call after step ${e.step_index}`) },
+    "Undo after this step") : "")));
   const undo = s.undo_stack.map((u) => h("tr", { dataset: { entry: u.entry_id, state: u.state } },
     h("td", {}, String(u.seq)), h("td", {}, u.fn_name), h("td", {}, badge(u.state)),
     h("td", {}, `${u.attempts} of ${u.max_retries + 1}`), h("td", {}, u.last_error || "—"),
     h("td", {}, u.state === "failed" ? h("div", { class: "actions" },
       h("button", { type: "button", class: "retry", onclick: () => retryEntry(s.session_id, u) }, "Retry"),
-      h("button", { type: "button", class: "secondary resolve", onclick: () => resolveEntry(u) }, "Resolve")) : "")));
+      h("button", { type: "button", class: "secondary resolve", onclick: () => resolveEntry(u) }, "Resolve"))
+      : u.state === "pending" ? h("button", { type: "button", class: "secondary undo-entry",
+        onclick: () => undoSome(s.session_id, { entries: [u.entry_id] }, `${u.fn_name} (entry ${u.seq})`) }, "Undo this") : "")));
   const approvals = s.approvals.map((a) => h("tr", { dataset: { approval: a.id, status: a.status } },
     h("td", {}, a.tool_name), h("td", {}, badge(a.status)), h("td", {}, a.decided_by || "—"), h("td", {}, a.reason || "—")));
   const canRollback = ROLLBACK_STATES.has(s.state);
@@ -86,7 +93,7 @@ export async function renderSession(view, id, quiet) {
       disabled: state.busy, onclick: () => confirmRollback(s.session_id) },
     state.busy ? "Rolling back…" : (s.state === "compensation_failed" || s.state === "compensating") ? "Continue rollback" : "Roll back")) : null,
     h("h2", {}, "Timeline"),
-    s.effects.length ? table(["Step", "Tool", "Tier", "State", "Attempts", "Result or error", "Replays"], effects, { id: "effects-table" })
+    s.effects.length ? table(["Step", "Tool", "Tier", "State", "Attempts", "Result or error", "Replays", "Undo"], effects, { id: "effects-table" })
       : h("p", { class: "empty" }, "No effects."),
     h("h2", {}, "Undo stack"),
     s.undo_stack.length ? table(["Seq", "Compensation", "State", "Attempts", "Last error", "Actions"], undo, { id: "undo-table" })
