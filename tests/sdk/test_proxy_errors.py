@@ -9,7 +9,7 @@ import pickle
 import httpx
 import pytest
 
-from undolog_sdk import client, decorators, errors
+from undolog_sdk import _compat, client, decorators, errors
 from undolog_sdk.client import ProxyError
 
 # Every class `error_class_for_code` can return: the classes with a code of their own
@@ -103,8 +103,8 @@ def test_awaiting_approval_error_survives_pickling_with_its_fields() -> None:
 
 def test_add_note_uses_the_exceptions_own_method_where_there_is_one() -> None:
     exc = RuntimeError("boom")
-    errors.add_note(exc, "first")
-    errors.add_note(exc, "second")
+    _compat.add_note(exc, "first")
+    _compat.add_note(exc, "second")
     assert exc.__notes__ == ["first", "second"]
 
 
@@ -115,6 +115,6 @@ def test_add_note_keeps_notes_where_exceptions_have_no_add_note() -> None:
         __notes__: list[str]
 
     exc = Py310Error()
-    errors.add_note(exc, "first")  # type: ignore[arg-type]
-    errors.add_note(exc, "second")  # type: ignore[arg-type]
+    _compat.add_note(exc, "first")  # type: ignore[arg-type]
+    _compat.add_note(exc, "second")  # type: ignore[arg-type]
     assert exc.__notes__ == ["first", "second"]

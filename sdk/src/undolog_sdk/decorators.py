@@ -21,8 +21,9 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+from undolog_sdk._compat import add_note
 from undolog_sdk.client import InterceptResponse, UndoLogClient, default_client
-from undolog_sdk.errors import AwaitingApprovalError, add_note
+from undolog_sdk.errors import AwaitingApprovalError
 from undolog_sdk.session import UndoLogSession, get_current_session
 from undolog_sdk.signature import call_signature, canonical_json
 from undolog_sdk.tier import CompensationDescriptor, ToolTier

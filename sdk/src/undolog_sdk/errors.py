@@ -40,9 +40,6 @@ group is what the proxy's REST API adds.
      └── CommitFailed                   502 commit_failed
 
     AwaitingApprovalError (a RuntimeError, not an UndoLogError: "not yet", not a failure)
-
-`AwaitingApprovalError` is defined here with the tree but keeps its reference home,
-`undolog_sdk.decorators` (its `__module__`), where it is re-exported.
 """
 
 from __future__ import annotations
@@ -496,20 +493,6 @@ class AwaitingApprovalError(RuntimeError):
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuilt from its fields: `args` holds the message, which __init__ does not take.
         return (type(self), (self.approval_id, self.tool_name, self.step_index), self.__dict__)
-
-
-def add_note(exc: BaseException, note: str) -> None:
-    """`exc.add_note(note)`, also on Python 3.10 (which the SDK supports), where the note is
-    kept in `__notes__` as 3.11 keeps it, though tracebacks do not show it there."""
-    adder = getattr(exc, "add_note", None)
-    if adder is not None:
-        adder(note)
-    else:  # Python 3.10
-        notes = getattr(exc, "__notes__", None)
-        if not isinstance(notes, list):
-            notes = []
-            setattr(exc, "__notes__", notes)  # noqa: B010 - not a declared attribute on 3.10
-        notes.append(note)
 
 
 # The reference places it in `undolog_sdk.decorators` (python-sdk reference, "Module paths"):

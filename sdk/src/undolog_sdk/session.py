@@ -14,9 +14,10 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from undolog_sdk._compat import add_note
 from undolog_sdk.client import UndoLogClient, default_client
 from undolog_sdk.compensation import unwind
-from undolog_sdk.errors import AwaitingApprovalError, EffectInDoubt, InProgress, add_note
+from undolog_sdk.errors import AwaitingApprovalError, EffectInDoubt, InProgress
 
 __all__ = [
     "UndoLogSession",

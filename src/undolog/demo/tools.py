@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from undolog.demo.args import count_arg, forward_ref, number_arg, str_arg
 from undolog.demo.state import (
     DEFAULT_BALANCE,
     NO_IDEMPOTENCY_KEY,
@@ -53,52 +54,9 @@ __all__ = [
 _JSON = "application/json"
 
 
-# --- argument helpers -------------------------------------------------------------------------
-
-
-def _str_arg(args: Args, name: str) -> str:
-    value = args.get(name)
-    if not isinstance(value, str) or not value:
-        raise ToolFailure(400, f"argument '{name}' must be a non-empty string")
-    return value
-
-
-def _number_arg(args: Args, name: str) -> float:
-    value = args.get(name)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ToolFailure(400, f"argument '{name}' must be a number")
-    return value
-
-
-def _count_arg(args: Args, name: str) -> int:
-    value = args.get(name, 0)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ToolFailure(400, f"argument '{name}' must be a non-negative integer")
-    return value
-
-
-def _forward_ref(args: Args, name: str) -> str:
-    """The id a compensation undoes: its own argument, or dug out of `original_result`.
-
-    The proxy calls a compensation with the captured args plus the forward call's
-    `original_args` and `original_result`; the result may be the whole ToolResult
-    (`{"output": {name: …}}`) or just its output (`{name: …}`).
-    """
-    value = args.get(name)
-    result = args.get("original_result")
-    if value is None and isinstance(result, dict):
-        output = result.get("output")
-        value = output.get(name) if isinstance(output, dict) else None
-        if value is None:
-            value = result.get(name)
-    if not isinstance(value, str) or not value:
-        raise ToolFailure(400, f"argument '{name}' (or an original_result carrying it) is required")
-    return value
-
-
 def _maybe_fail(state: TenantState, tool: str, args: Args, key: str) -> None:
     """Let a compensation fail `fail_times` times per idempotency key before it succeeds."""
-    fail_times = _count_arg(args, "fail_times")
+    fail_times = count_arg(args, "fail_times")
     if fail_times:
         state.fail_first(tool, key, fail_times)
 
@@ -107,8 +65,8 @@ def _maybe_fail(state: TenantState, tool: str, args: Args, key: str) -> None:
 
 
 async def _send_email(state: TenantState, args: Args, key: str) -> Any:
-    to = _str_arg(args, "to")
-    subject = _str_arg(args, "subject")
+    to = str_arg(args, "to")
+    subject = str_arg(args, "subject")
     message_id = state.next_id("msg")
     state.messages[message_id] = {
         "message_id": message_id,
@@ -121,7 +79,7 @@ async def _send_email(state: TenantState, args: Args, key: str) -> Any:
 
 
 async def _undo_send_email(state: TenantState, args: Args, key: str) -> Any:
-    message_id = _forward_ref(args, "message_id")
+    message_id = forward_ref(args, "message_id")
     message = state.messages.get(message_id)
     if message is None:
         raise ToolFailure(404, f"unknown message '{message_id}'")
@@ -132,9 +90,9 @@ async def _undo_send_email(state: TenantState, args: Args, key: str) -> Any:
 
 
 async def _transfer_funds(state: TenantState, args: Args, key: str) -> Any:
-    source = _str_arg(args, "from_account")
-    target = _str_arg(args, "to_account")
-    amount = _number_arg(args, "amount")
+    source = str_arg(args, "from_account")
+    target = str_arg(args, "to_account")
+    amount = number_arg(args, "amount")
     if amount <= 0:
         raise ToolFailure(400, "argument 'amount' must be positive")
     available = state.balance(source)
@@ -156,7 +114,7 @@ async def _transfer_funds(state: TenantState, args: Args, key: str) -> Any:
 
 
 async def _reverse_transfer(state: TenantState, args: Args, key: str) -> Any:
-    transfer_id = _forward_ref(args, "transfer_id")
+    transfer_id = forward_ref(args, "transfer_id")
     transfer = state.transfers.get(transfer_id)
     if transfer is None:
         raise ToolFailure(404, f"unknown transfer '{transfer_id}'")
@@ -171,7 +129,7 @@ async def _reverse_transfer(state: TenantState, args: Args, key: str) -> Any:
 
 
 async def _create_record(state: TenantState, args: Args, key: str) -> Any:
-    table = _str_arg(args, "table")
+    table = str_arg(args, "table")
     record_id = state.next_id("rec")
     state.records[record_id] = {
         "record_id": record_id,
@@ -183,7 +141,7 @@ async def _create_record(state: TenantState, args: Args, key: str) -> Any:
 
 
 async def _delete_record(state: TenantState, args: Args, key: str) -> Any:
-    record_id = _forward_ref(args, "record_id")
+    record_id = forward_ref(args, "record_id")
     record = state.records.get(record_id)
     if record is None:
         raise ToolFailure(404, f"unknown record '{record_id}'")
@@ -193,7 +151,7 @@ async def _delete_record(state: TenantState, args: Args, key: str) -> Any:
 
 
 async def _search_web(state: TenantState, args: Args, key: str) -> Any:
-    query = _str_arg(args, "query")
+    query = str_arg(args, "query")
     slug = "-".join(query.lower().split())
     results = [
         {
@@ -207,13 +165,13 @@ async def _search_web(state: TenantState, args: Args, key: str) -> Any:
 
 
 async def _delete_database(state: TenantState, args: Args, key: str) -> Any:
-    db_name = _str_arg(args, "db_name")
+    db_name = str_arg(args, "db_name")
     state.deleted_databases.append(db_name)
     return {"db_name": db_name, "status": "deleted"}
 
 
 async def _publish_to_production(state: TenantState, args: Args, key: str) -> Any:
-    artifact = _str_arg(args, "artifact")
+    artifact = str_arg(args, "artifact")
     state.published_artifacts.append(artifact)
     return {"artifact": artifact, "status": "published"}
 
@@ -223,7 +181,7 @@ async def _echo(state: TenantState, args: Args, key: str) -> Any:
 
 
 async def _flaky(state: TenantState, args: Args, key: str) -> Any:
-    fail_times = _count_arg(args, "fail_times")
+    fail_times = count_arg(args, "fail_times")
     flaky_key = args.get("key")
     if not isinstance(flaky_key, str):
         flaky_key = key
@@ -232,7 +190,7 @@ async def _flaky(state: TenantState, args: Args, key: str) -> Any:
 
 
 async def _slow(state: TenantState, args: Args, key: str) -> Any:
-    seconds = _number_arg(args, "seconds")
+    seconds = number_arg(args, "seconds")
     # The delay is the behaviour under test (a tool still running when the proxy dies).
     await asyncio.sleep(seconds)
     return {"slept": seconds}
@@ -429,7 +387,7 @@ async def set_balance(request: Request) -> Response:
     account: str = request.path_params["account"]
     try:
         body = orjson.loads(await request.body())
-        balance = _number_arg(body, "balance") if isinstance(body, dict) else None
+        balance = number_arg(body, "balance") if isinstance(body, dict) else None
     except (orjson.JSONDecodeError, ToolFailure):
         balance = None
     if balance is None:

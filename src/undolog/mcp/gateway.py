@@ -73,7 +73,6 @@ from mcp_types import (
     ReadResourceRequestParams,
     ReadResourceResult,
 )
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 import undolog
 from undolog.engine import Decision
@@ -81,12 +80,18 @@ from undolog.engine.model import ORG_WIDE, Actor
 from undolog.logs import internal_error_message
 from undolog.mcp.config import McpSettings
 from undolog.mcp.link import Capability
+from undolog.mcp.requests import (
+    SESSION_HEADER,
+    SESSION_META_KEY,
+    can_open_urls,
+    session_id_of,
+    traceparent_from,
+)
 from undolog.mcp.results import awaiting, awaiting_text, recorded_result, refusal, with_meta
 from undolog.mcp.upstreams import GatewayTool, UpstreamPool
 from undolog.services.calls import Call, CallOutcome, CallStatus, refused, run_call
 from undolog.services.delivery import AnswerWatch, Delivery
 from undolog.services.executor import ToolTransportError
-from undolog.services.tracing import TRACEPARENT, traceparent_of
 from undolog.services.waits import TooManyWaits, wait_for_decision
 from undolog_sdk.errors import (
     InvalidRequest,
@@ -102,20 +107,9 @@ if TYPE_CHECKING:
 
 __all__ = ["SESSION_HEADER", "SESSION_META_KEY", "McpGateway"]
 
-SESSION_HEADER = "x-undolog-session-id"
 APPROVAL_INPUT = "undolog_approval"  # the key of our request in an `input_required` result
-SESSION_META_KEY = "undolog/session_id"
 
 ANSWERS_KEY = "undolog_answers"  # scope state: the answers this request carries (Delivery)
-
-
-def _can_open_urls(ctx: ServerRequestContext[Any]) -> bool:
-    """A 2026-07-28 client that declared URL-mode elicitation (`input_required` can reach it)."""
-    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-        return False
-    capabilities = ctx.session.client_capabilities
-    elicitation = capabilities.elicitation if capabilities is not None else None
-    return elicitation is not None and elicitation.url is not None
 
 
 def _same_origin(origin: str, host: str | None) -> bool:
@@ -348,7 +342,7 @@ class McpGateway:
                 return refusal(ToolError(down))
             raise MCPError(INVALID_PARAMS, f"Unknown tool: {params.name}")
         args = params.arguments or {}
-        session_id = self._session_id(ctx, ctx.request)
+        session_id = session_id_of(ctx, ctx.request)
         if session_id is None:
             if tool.tier == ToolTier.SAFE.value:  # a read needs no session: nothing is recorded
                 try:
@@ -373,7 +367,7 @@ class McpGateway:
                 tool.name,
                 args,
                 actor=_actor(state),
-                traceparent=self._traceparent(ctx, ctx.request),
+                traceparent=traceparent_from(ctx, ctx.request),
             )
             outcome = await run_call(runtime, call, request_id)
             if outcome.status is CallStatus.PENDING_APPROVAL and not self._asks_urls(ctx, params):
@@ -415,7 +409,7 @@ class McpGateway:
     @staticmethod
     def _asks_urls(ctx: ServerRequestContext[Any], params: CallToolRequestParams) -> bool:
         """Whether a pending approval is answered with `input_required` (a URL to open)."""
-        return params.input_responses is None and _can_open_urls(ctx)
+        return params.input_responses is None and can_open_urls(ctx)
 
     async def _wait_for_decision(
         self,
@@ -459,23 +453,6 @@ class McpGateway:
             url=url,
         )
         return InputRequiredResult(input_requests={APPROVAL_INPUT: ElicitRequest(params=ask)})
-
-    @staticmethod
-    def _traceparent(ctx: ServerRequestContext[Any], request: Any) -> str | None:
-        """The caller's W3C trace context: the HTTP header, else `_meta["traceparent"]`."""
-        value = request.headers.get(TRACEPARENT) if request is not None else None
-        if not value:
-            meta = ctx.meta or {}
-            value = meta.get(TRACEPARENT) if isinstance(meta, dict) else None
-        return traceparent_of(value)
-
-    @staticmethod
-    def _session_id(ctx: ServerRequestContext[Any], request: Any) -> str | None:
-        value = request.headers.get(SESSION_HEADER) if request is not None else None
-        if not value:
-            meta = ctx.meta or {}
-            value = meta.get(SESSION_META_KEY) if isinstance(meta, dict) else None
-        return value if isinstance(value, str) and value else None
 
     async def _register(self, runtime: Runtime, org_id: str, tool: GatewayTool) -> None:
         """Register the tool for the org with its current tier (once per process and policy,
