@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.receiver import Receiver
 from tests.support.servers import ProcessServer, ThreadServer, free_port, undolog_command
 from undolog.config import KeyConfig, OrgConfig, Settings, hash_api_key
 from undolog.demo.catalog import DEMO_TOOLS
@@ -93,6 +94,16 @@ def role_keys(
     if approver:
         keys.append(KeyConfig(name="approver", role="approver", key_hash=hash_api_key(approver)))
     return tuple(keys)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A webhook receiver on a reserved port, not started (down) until the test starts it."""
+    hook = Receiver()
+    try:
+        yield hook
+    finally:
+        hook.stop()
 
 
 @pytest.fixture

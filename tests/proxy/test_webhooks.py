@@ -8,7 +8,6 @@ sender also polls every second, so every wait below is a poll with a deadline.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +28,6 @@ FAST = {
     "webhook_timeout_seconds": 2.0,
 }
 DEADLINE = 30.0
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    hook = Receiver()
-    try:
-        yield hook
-    finally:
-        hook.stop()
 
 
 def hooked(

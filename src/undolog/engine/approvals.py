@@ -11,6 +11,7 @@ with its approval approved; the agent's retry gets Execute. Rejecting halts the 
 from __future__ import annotations
 
 import enum
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -214,12 +215,19 @@ class Approvals:
         )  # fmt: skip
         if not changed:
             raise ApprovalAlreadyResolved(approval.approval_id)
+        payload = {
+            "approval_id": approval.approval_id,
+            "status": status.value,
+            "tool_name": approval.tool_name,
+            "decided_by": decided_by,
+            "reason": reason,
+        }
+        approved_args = changes.get("approved_args", approval.approved_args_json)
+        if approved_args is not None:  # an edit is on record, as a digest (docs/audit.md)
+            payload["approved_args_sha256"] = hashlib.sha256(approved_args.encode()).hexdigest()
         await q.insert_event(
             approval.org_id, EventType.APPROVAL_APPROVED, approval.session_id, approval.effect_id,
-            orjson.dumps({"approval_id": approval.approval_id, "status": status.value,
-                          "tool_name": approval.tool_name, "decided_by": decided_by,
-                          "reason": reason}).decode(),
-            now,
+            orjson.dumps(payload).decode(), now,
         )  # fmt: skip
         decided = await q.get_approval(approval.org_id, approval.approval_id)
         assert decided is not None

@@ -92,6 +92,10 @@ def _json_body(
             "status": approval.status,
             "tool_name": approval.tool_name,
             "args": orjson.loads(approval.args_json),
+            # An approver's edit: the arguments the call runs with (docs/notifications.md).
+            "approved_args": (
+                orjson.loads(approval.approved_args_json) if approval.approved_args_json else None
+            ),
             "created_at": _iso(approval.created_us),
             "timeout_at": _iso(approval.timeout_us),
             "decided_at": _iso(approval.decided_us),
