@@ -65,6 +65,7 @@ def test_one_approval_from_an_unmatched_rule_to_a_verified_audit_file(
         assert dry.json()["tier"] == "irreversible"
         asked = call(agent, "transfer_funds", session, 1, **REQUESTED)
         assert asked.status_code == 202, asked.text
+        assert asked.json()["status"] == "pending_approval"
         approval_id, effect_id = asked.json()["approval_id"], asked.json()["effect_id"]
         assert upstream_calls(proxy, "transfer_funds") == []
 
@@ -84,7 +85,7 @@ def test_one_approval_from_an_unmatched_rule_to_a_verified_audit_file(
         assert decided.status_code == 200, decided.text
         assert decided.json()["execution"] == "committed"
         result = decided.json()["result"]
-        assert result["output"]["amount"] == 400
+        assert (result["success"], result["output"]["amount"]) == (True, 400)
         (ran,) = upstream_calls(proxy, "transfer_funds")
         assert ran["args"] == APPROVED
         retry = call(agent, "transfer_funds", session, 1, **REQUESTED)
