@@ -48,6 +48,7 @@ def listed_approval(item: ApprovalListing, *, recent: bool) -> dict[str, Any]:
     and, when asked for, the session's latest calls (`recent_calls`)."""
     body = reference_approval(item.approval)
     body["requested_by"] = None if item.requested_by is None else f"key:{item.requested_by}"
+    body["mode"] = item.mode  # only a `proxy` call takes changed `args` (docs/approvals.md)
     if recent:
         body["recent_calls"] = [recent_call_json(e) for e in item.recent_calls]
     return body
