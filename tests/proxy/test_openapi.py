@@ -126,6 +126,7 @@ def test_the_statuses_bodies_and_queries_are_those_the_routes_use(proxy: ProxyHa
         headers = paths[paged]["get"]["responses"]["200"]["headers"]
         assert "X-UndoLog-Next-Cursor" in headers
     assert "requested_by" in schemas["Approval"]["required"]
+    assert "mode" in schemas["Approval"]["required"]
     assert paths["/events"]["get"]["responses"]["200"]["content"] == {
         "text/event-stream": {"schema": {"type": "string"}}
     }

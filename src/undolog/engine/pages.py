@@ -58,6 +58,7 @@ class ApprovalListing:
     approval: ApprovalRecord
     requested_by: str | None  # the name of the key whose call asked for it
     recent_calls: list[EffectRecord] = field(default_factory=list)
+    mode: str | None = None  # who runs the call: `proxy` or `sdk` (docs/approvals.md)
 
 
 def _owner(actor: Actor) -> tuple[bool, str | None]:
@@ -130,7 +131,11 @@ class Pages:
             recent = await q.recent_effects(
                 org_id, sorted({a.session_id for a, _ in shown}), recent_calls
             )
-        items = [ApprovalListing(a, name, recent.get(a.session_id, [])) for a, name in shown]
+            modes = await q.effect_modes(org_id, [a.effect_id for a, _ in shown])
+        items = [
+            ApprovalListing(a, name, recent.get(a.session_id, []), modes.get(a.effect_id))
+            for a, name in shown
+        ]
         last = items[-1].approval if len(rows) > limit else None
         return Page(items, None if last is None else (last.created_us, last.approval_id))
 
@@ -148,7 +153,10 @@ class Pages:
                 raise NotFound(f"approval '{approval_id}' not found")
             approval, name = rows[0]
             recent = await q.recent_effects(org_id, [approval.session_id], recent_calls)
-        return ApprovalListing(approval, name, recent.get(approval.session_id, []))
+            modes = await q.effect_modes(org_id, [approval.effect_id])
+        return ApprovalListing(
+            approval, name, recent.get(approval.session_id, []), modes.get(approval.effect_id)
+        )
 
     async def recent_events(
         self,

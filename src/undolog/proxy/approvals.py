@@ -44,10 +44,12 @@ def reference_approval(record: Any) -> dict[str, Any]:
 
 
 def listed_approval(item: ApprovalListing, *, recent: bool) -> dict[str, Any]:
-    """`reference_approval` with who asked (`requested_by`, `key:NAME`: never the secret)
-    and, when asked for, the session's latest calls (`recent_calls`)."""
+    """`reference_approval` with who asked (`requested_by`, `key:NAME`: never the secret),
+    who runs the call (`mode`) and, when asked for, the session's latest calls
+    (`recent_calls`)."""
     body = reference_approval(item.approval)
     body["requested_by"] = None if item.requested_by is None else f"key:{item.requested_by}"
+    body["mode"] = item.mode  # only a `proxy` call takes changed `args` (docs/approvals.md)
     if recent:
         body["recent_calls"] = [recent_call_json(e) for e in item.recent_calls]
     return body

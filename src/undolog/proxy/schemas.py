@@ -294,6 +294,9 @@ class Approval(BaseModel):
     requested_by: str | None = Field(
         description="`key:NAME` of the key whose call asked for it (never the secret)"
     )
+    mode: str | None = Field(
+        description="who runs the call: `proxy` or `sdk` (only `proxy` takes changed `args`)"
+    )
     recent_calls: list[RecentCall] | None = Field(
         None, description="with `recent_calls=N`: the session's latest N calls, last first"
     )

@@ -51,6 +51,10 @@ class OperatorQueries(Protocol):
         """A page of approvals, newest first, after the keyset (created_us, approval_id),
         each with the name of the key whose call asked for it."""
 
+    async def effect_modes(self, org_id: str, effect_ids: Sequence[str]) -> dict[str, str]:
+        """Who runs each of these effects (`proxy` or `sdk`), by effect id (beside the
+        approvals of a page: only a proxy-executed call's arguments can be changed)."""
+
     async def recent_effects(
         self, org_id: str, session_ids: Sequence[str], per_session: int
     ) -> dict[str, list[EffectRecord]]:

@@ -111,6 +111,18 @@ class PageSql(AccountSql):
         )
         return [(APPROVAL.row(r[:-1]), r[-1]) for r in rows]
 
+    async def effect_modes(self, org_id: str, effect_ids: Sequence[str]) -> dict[str, str]:
+        """Who runs each of these effects (`proxy` or `sdk`), by effect id."""
+        if not effect_ids:
+            return {}
+        marks = ", ".join("?" for _ in effect_ids)
+        rows = await self._fetch(
+            f"SELECT effect_id, mode FROM effects WHERE org_id = ? AND effect_id IN ({marks})",
+            org_id,
+            *effect_ids,
+        )
+        return {str(r[0]): str(r[1]) for r in rows}
+
     async def recent_effects(
         self, org_id: str, session_ids: Sequence[str], per_session: int
     ) -> dict[str, list[EffectRecord]]:

@@ -6,6 +6,7 @@
 //   nav.js       routes in the location hash
 //   live.js      recent events from history, then the live stream
 //   approvals.js the approvals view (filters, pages, cards, confirmation)
+//   editargs.js  approve with changes: the JSON editor of a pending card
 //   sessions.js  the sessions list (search, filters, pages) and one session's page
 // This file signs in and out, routes, and draws the overview.
 

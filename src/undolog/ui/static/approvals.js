@@ -1,9 +1,11 @@
 // Approvals: filters by state and tool, pages, and a card per approval with who asked, the
 // session's recent calls, and Approve / Reject. Approving an IRREVERSIBLE call asks first, in
-// a dialog showing the tool, the arguments and what cannot be undone (docs/dashboard.md).
+// a dialog showing the tool, the arguments and what cannot be undone (docs/dashboard.md). A
+// proxy-executed call's arguments can be edited before approving (editargs.js).
 
 import { api, query } from "./api.js";
 import { $, ask, badge, duration, frame, h, pager, pretty, say, shortId, when } from "./dom.js";
+import { argsEditor, editedArgs } from "./editargs.js";
 import { approvalsHash } from "./nav.js";
 import { scheduleRefresh, state } from "./state.js";
 
@@ -108,6 +110,7 @@ function approvalCard(a, pending) {
     h("details", { class: "recent-calls", open: true },
       h("summary", {}, `Session ${shortId(a.session_id)}: recent calls`), h("div", { class: "recent" })),
     pending ? h("div", { class: "decide" },
+      argsEditor(a),
       h("label", { for: reasonId }, "Reason (optional)"),
       h("input", { id: reasonId, class: "reason-input", type: "text", maxlength: "2000" }),
       h("div", { class: "actions" },
@@ -152,31 +155,40 @@ export function updateTimes(card) {
 
 // An IRREVERSIBLE call is approved only after the person confirms what it does: Cancel
 // leaves the approval pending, untouched.
+// Edited arguments are checked first: if they are wrong nothing is asked nor sent.
 async function approve(a, card) {
-  if (tierOf(a.tool_name) === "irreversible" && !(await confirmIrreversible(a))) {
+  const edit = editedArgs(card, a);
+  if (!edit.ok) return;
+  if (tierOf(a.tool_name) === "irreversible" && !(await confirmIrreversible(a, edit.args))) {
     say(`${a.tool_name} is still pending.`);
     return;
   }
-  await decide(a, "approve", card);
+  await decide(a, "approve", card, edit.args);
 }
 
-function confirmIrreversible(a) {
+function confirmIrreversible(a, edited) {
   const dialog = $("#approve-dialog");
   $("#approve-tool").textContent = a.tool_name;
-  $("#approve-args").textContent = pretty(a.arguments ?? a.args);
+  $("#approve-args").textContent = pretty(edited ?? a.arguments ?? a.args);
+  const changed = $("#approve-changed");
+  changed.hidden = edited === undefined;
+  changed.replaceChildren(...(edited === undefined ? [] : [
+    h("p", { class: "warning" }, "You changed the arguments: it runs with the ones above, not with what the agent asked for:"),
+    h("pre", { class: "json" }, pretty(a.arguments ?? a.args))]));
   $("#approve-undo").textContent =
     `UndoLog cannot undo ${a.tool_name}: it is irreversible, so rolling back session ` +
     `${shortId(a.session_id)} will not reverse it. It runs once, as soon as you approve.`;
   return ask(dialog);
 }
 
-async function decide(a, verdict, card) {
+async function decide(a, verdict, card, args) {
   const reason = card.querySelector(".reason-input").value.trim();
   for (const b of card.querySelectorAll("button")) b.disabled = true;
   const body = {}; // who decides is the signed-in key, recorded by the proxy
   if (reason) body.reason = reason;
+  if (args !== undefined) body.args = args; // approve with changes (docs/approvals.md)
   const res = await api(`/approvals/${encodeURIComponent(a.id)}/${verdict}`, { method: "POST", body });
-  state.decided.set(a.id, { approval: a, verdict, reason, res });
+  state.decided.set(a.id, { approval: a, verdict, reason, res, edited: args !== undefined });
   card.remove();
   renderDecided();
   scheduleRefresh();
@@ -188,7 +200,7 @@ function renderDecided() {
   box.replaceChildren(...[...state.decided.values()].reverse().map(decidedCard));
 }
 
-function decidedCard({ approval: a, verdict, reason, res }) {
+function decidedCard({ approval: a, verdict, reason, res, edited }) {
   let outcome;
   if (!res.ok) {
     outcome = h("p", { class: "error" }, res.data?.code === "approval_already_resolved"
@@ -197,7 +209,7 @@ function decidedCard({ approval: a, verdict, reason, res }) {
     outcome = h("p", {}, "Rejected", reason ? ` — ${reason}` : "", ". The session is halted.");
   } else if (res.data.execution === "committed") {
     const logical = res.data.result && res.data.result.success === false;
-    outcome = [h("p", {}, "Approved and ", badge("committed"),
+    outcome = [h("p", {}, edited ? "Approved with your changed arguments and " : "Approved and ", badge("committed"),
       logical ? h("span", { class: "error" }, ` — the tool reported a failure: ${res.data.result.error ?? ""}`) : ""),
     h("pre", { class: "json result" }, pretty(res.data.result))];
   } else if (res.data.execution === "failed") {
