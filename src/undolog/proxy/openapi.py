@@ -123,8 +123,8 @@ _NEXT_CURSOR = {
 _QUERY: dict[tuple[str, str], list[dict[str, Any]]] = {
     ("POST", "/mcp/tool_call"): [
         {"name": "X-UndoLog-Mode", "in": "header", "required": False,
-         "description": "who runs the tool; overrides the body's `mode` (empty: as if absent)",
-         "schema": {"enum": ["proxy", "sdk", ""]}},
+         "description": "who runs the tool; overrides the body's `mode` (empty: 400)",
+         "schema": {"enum": ["proxy", "sdk"]}},
     ],
     ("GET", "/approvals"): [
         {"name": "state", "in": "query", "required": False,

@@ -400,7 +400,9 @@ class UndoEntries(BaseModel):
 
 class UndoAfterStep(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    after_step: int = Field(ge=0, description="undo every entry of a call after this step")
+    after_step: int = Field(
+        ge=0, le=4294967295, description="undo every entry of a call after this step"
+    )
     force: bool = Field(False, description="undo even when later calls may depend on it")
 
 

@@ -77,6 +77,9 @@ def _effect_brief(effect: EffectRecord) -> dict[str, Any]:
             "tool_name": effect.tool_name, "state": effect.state}  # fmt: skip
 
 
+_MAX_STEP = 2**32 - 1  # a step index is 32 bits, as a tool call's (docs/undo.md)
+
+
 def _selection(data: dict[str, Any]) -> tuple[list[str] | None, int | None, bool]:
     """A selective undo's body: `entries` (undo entry ids) or `after_step`, and `force`."""
     unknown = set(data) - {"entries", "after_step", "force"}
@@ -91,9 +94,11 @@ def _selection(data: dict[str, Any]) -> tuple[list[str] | None, int | None, bool
     ):
         raise InvalidRequest("'entries' must be a list of undo entry ids")
     if "after_step" in data and (
-        isinstance(after_step, bool) or not isinstance(after_step, int) or after_step < 0
+        isinstance(after_step, bool)
+        or not isinstance(after_step, int)
+        or not 0 <= after_step <= _MAX_STEP
     ):
-        raise InvalidRequest("'after_step' must be a step index (an integer, 0 or more)")
+        raise InvalidRequest("'after_step' must be a step index (an integer, 0 to 2**32 - 1)")
     if "force" in data and not isinstance(force, bool):
         raise InvalidRequest("'force' must be true or false")
     return entries, after_step, bool(force)
