@@ -104,7 +104,7 @@ async def measure_workers(
             databases.append(name)
             url = f"{admin_url.rsplit('/', 1)[0]}/{name}"
             proxy, proxy_url = await _start(count, url, upstream_url, workdir, http)
-            proxies[count] = (proxy, bench.Bench(http, upstream_url, proxy_url), name)
+            proxies[count] = (proxy, bench.Bench(http, upstream_url, proxy_url, None), name)
             print(f"== pg-w{count}: supervisor pid {proxy.pid}, "
                   f"processes {descendants(proxy.pid)}", flush=True)  # fmt: skip
         callers = {count: [bench.Caller() for _ in range(concurrency)] for count in counts}
@@ -120,11 +120,11 @@ async def measure_workers(
                     "loadgen": [os.getpid()],
                     "upstream": [upstream_pid],
                     "proxy": descendants(proxy.pid),
-                    "postgres": await bench.postgres_backend_pids(admin, database),
+                    "postgres": await bench.postgres_backend_pids(admin, [database]),
                 }
                 before = bench.cpu_snapshot(pids)
                 await runner.chunk("new", callers[count], plan.calls[concurrency], tally)
-                pids["postgres"] = await bench.postgres_backend_pids(admin, database)
+                pids["postgres"] = await bench.postgres_backend_pids(admin, [database])
                 delta = bench.cpu_delta(before, bench.cpu_snapshot(pids))
                 machine = delta.pop("machine")[0]
                 for key, (ticks, kernel) in delta.items():
