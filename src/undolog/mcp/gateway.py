@@ -90,9 +90,10 @@ from undolog.mcp.requests import (
 from undolog.mcp.results import awaiting, awaiting_text, recorded_result, refusal, with_meta
 from undolog.mcp.upstreams import GatewayTool, UpstreamPool
 from undolog.services.calls import Call, CallOutcome, CallStatus, refused, run_call
+from undolog.services.decisions import wait_for_decision
 from undolog.services.delivery import AnswerWatch, Delivery
 from undolog.services.executor import ToolTransportError
-from undolog.services.waits import TooManyWaits, wait_for_decision
+from undolog.services.waits import TooManyWaits
 from undolog_sdk.errors import (
     InvalidRequest,
     ToolError,

@@ -21,7 +21,8 @@ from undolog.proxy import pages
 from undolog.proxy.owners import Owned, hide_unowned
 from undolog.proxy.wire import approval_json, json_response, loads_exact, recent_call_json
 from undolog.services.calls import run_approved
-from undolog.services.waits import MAX_WAIT_SECONDS, wait_for_decision
+from undolog.services.decisions import wait_for_decision
+from undolog.services.waits import MAX_WAIT_SECONDS
 from undolog_sdk.errors import EffectInDoubt, InvalidRequest, UndoLogError
 from undolog_sdk.wire import ApprovalStatus, EffectState
 

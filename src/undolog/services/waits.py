@@ -16,19 +16,13 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from undolog.services.events import EventBroker
 from undolog_sdk.errors import RateLimited, UndoLogError
-from undolog_sdk.wire import ApprovalStatus, EffectState
 
-if TYPE_CHECKING:
-    from undolog.services.runtime import Runtime
-
-__all__ = ["MAX_WAIT_SECONDS", "TooManyWaits", "Waits", "wait_for_decision"]
+__all__ = ["MAX_WAIT_SECONDS", "TooManyWaits", "Waits"]
 
 # An approved call's run has not finished while its effect is in one of these.
-_STILL_RUNNING = frozenset({EffectState.AWAITING_APPROVAL.value, EffectState.EXECUTING.value})
 
 MAX_WAIT_SECONDS = 55  # under the ~60 s request timeout of MCP clients
 DEFAULT_MAX_PER_KEY = 10
@@ -101,34 +95,3 @@ class Waits:
                     await asyncio.wait_for(woke.wait(), remaining)
         finally:
             remove()
-
-
-async def wait_for_decision(
-    runtime: Runtime,
-    org_id: str,
-    approval_id: str,
-    effect_id: str,
-    *,
-    key_id: str,
-    seconds: float,
-    run_finished: bool = False,
-) -> bool:
-    """Wait until the approval is decided (with `run_finished`, also until an approved
-    run has finished), or `seconds` pass; whether it was. Raises `TooManyWaits` over the
-    caps."""
-    waits = runtime.waits
-    if waits is None or seconds <= 0:
-        return False
-
-    async def settled() -> bool:
-        approval = await runtime.approvals.get(org_id, approval_id)
-        if approval.status == ApprovalStatus.PENDING:
-            return False
-        if not run_finished:
-            return True
-        async with runtime.store.reader() as q:
-            effect = await q.get_effect(org_id, effect_id)
-        return effect is None or effect.state not in _STILL_RUNNING
-
-    with waits.slot(key_id):
-        return await waits.until(org_id, effect_id, settled, seconds)
