@@ -1,10 +1,14 @@
 """No import cycles in `src/` or `sdk/`, and the layers import downwards only.
 
 The imports are read with `ast`, not by importing: module-level and function-level imports
-count (a lazy import only hides a cycle until the function runs); imports under
-`if TYPE_CHECKING:` do not (they never run). Importing `a.b.c` also runs the `__init__` of `a`
-and `a.b`, so those count as well — except a package the importing module is itself inside
-(it is already being imported by then).
+count (a lazy import only hides a cycle until the function runs). Importing `a.b.c` also runs
+the `__init__` of `a` and `a.b`, so those count as well — except a package the importing module
+is itself inside (it is already being imported by then).
+
+Imports under `if TYPE_CHECKING:` never run, so they cannot break an import; but two modules
+that name each other's types still know each other, which is the coupling the layers exist to
+prevent. So they are checked twice: without them (a cycle there breaks the import) and with
+them (a cycle there is a design one: move the shared type down a layer).
 """
 
 from __future__ import annotations
@@ -37,16 +41,19 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _import_nodes(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement that can run, at any depth (not under `if TYPE_CHECKING:`)."""
+def _import_nodes(
+    node: ast.AST, *, type_checking: bool = False
+) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement at any depth: those that can run, and with `type_checking`
+    also those under `if TYPE_CHECKING:`."""
     for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and _is_type_checking(child.test):
+        if not type_checking and isinstance(child, ast.If) and _is_type_checking(child.test):
             for branch in child.orelse:  # the `else:` of TYPE_CHECKING runs
                 yield from _import_nodes(branch)
             continue
         if isinstance(child, ast.Import | ast.ImportFrom):
             yield child
-        yield from _import_nodes(child)
+        yield from _import_nodes(child, type_checking=type_checking)
 
 
 def _imported(module: str, is_package: bool, node: ast.Import | ast.ImportFrom) -> list[str]:
@@ -61,8 +68,9 @@ def _imported(module: str, is_package: bool, node: ast.Import | ast.ImportFrom) 
     return [base] + [f"{base}.{alias.name}" for alias in node.names]
 
 
-def import_graph(root: Path) -> dict[str, set[str]]:
-    """Module → the modules of the same tree its imports run."""
+def import_graph(root: Path, *, type_checking: bool = False) -> dict[str, set[str]]:
+    """Module → the modules of the same tree its imports run (with `type_checking`, also
+    those it imports for annotations only)."""
     modules = _modules(root)
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
@@ -71,7 +79,7 @@ def import_graph(root: Path) -> dict[str, set[str]]:
         if is_package:
             own_packages.add(name)
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for node in _import_nodes(tree):
+        for node in _import_nodes(tree, type_checking=type_checking):
             for target in _imported(name, is_package, node):
                 parts = target.split(".")
                 for i in range(1, len(parts) + 1):
@@ -109,8 +117,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def _assert_acyclic(root: Path) -> None:
-    cycle = find_cycle(import_graph(root))
+def _assert_acyclic(root: Path, *, type_checking: bool = False) -> None:
+    cycle = find_cycle(import_graph(root, type_checking=type_checking))
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
@@ -120,6 +128,11 @@ def test_the_server_has_no_import_cycle() -> None:
 
 def test_the_sdk_has_no_import_cycle() -> None:
     _assert_acyclic(SDK)
+
+
+@pytest.mark.parametrize("root", [SRC, SDK], ids=["server", "sdk"])
+def test_no_cycle_hides_behind_type_checking_imports(root: Path) -> None:
+    _assert_acyclic(root, type_checking=True)
 
 
 @pytest.mark.parametrize(
@@ -178,6 +191,7 @@ def test_the_checker_ignores_type_checking_imports(tmp_path: Path) -> None:
         },
     )
     assert find_cycle(import_graph(root)) is None
+    assert find_cycle(import_graph(root, type_checking=True)) == ["pkg.a", "pkg.b", "pkg.a"]
 
 
 def test_the_checker_counts_the_package_init_an_import_runs(tmp_path: Path) -> None:
