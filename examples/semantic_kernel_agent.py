@@ -42,13 +42,11 @@ from semantic_kernel.contents import (
     FunctionCallContent,
 )
 from semantic_kernel.filters import FilterTypes
+from shop import COMPENSATIONS, SHOP_TOOLS, TIERS, say  # the shop's tools, next to this file
 
 from undolog_sdk import (
-    CompensationDescriptor,
-    ToolTier,
     UndoLogClient,
     UndoLogSession,
-    current_effect_id,
     run_with_session,
 )
 from undolog_sdk.integrations.semantic_kernel import (
@@ -60,38 +58,11 @@ from undolog_sdk.integrations.semantic_kernel import (
 client = UndoLogClient()  # UNDOLOG_PROXY_URL and UNDOLOG_API_KEY
 
 
-def say(text: str) -> None:
-    print(text, flush=True)
-
-
-async def search_customers(query: str) -> list[dict[str, Any]]:
-    """Find customers by name."""
-    say(f"[tool] search_customers runs ({query!r})")
-    return [{"customer_id": "cus_42", "name": "Ada Lovelace"}]
-
-
-async def charge_card(customer_id: str, cents: int) -> dict[str, Any]:
-    """Charge a customer's card."""
-    key = current_effect_id()  # the payment provider's idempotency key
-    say(f"[tool] charge_card runs (idempotency key {key})")
-    return {"charge_id": f"ch_{(key or '')[:8]}", "customer_id": customer_id, "cents": cents}
-
-
-async def delete_customer_data(customer_id: str) -> dict[str, Any]:
-    """Delete everything known about a customer: cannot be undone."""
-    say(f"[tool] delete_customer_data runs ({customer_id})")
-    return {"deleted": customer_id}
-
-
 PLUGIN = undolog_kernel_plugin(
     "billing",
-    [search_customers, charge_card, delete_customer_data],
-    tiers={
-        "search_customers": ToolTier.SAFE,
-        "charge_card": ToolTier.COMPENSABLE,
-        "delete_customer_data": ToolTier.IRREVERSIBLE,
-    },
-    compensations={"charge_card": CompensationDescriptor.new("refund_charge")},
+    SHOP_TOOLS,
+    tiers=TIERS,
+    compensations=COMPENSATIONS,
     client=client,
 )
 

@@ -18,6 +18,7 @@ pytest.importorskip("agents")
 from agents import Agent, FunctionTool, RunConfig, Runner, UserError
 from agents.testing import ScriptedModel, assistant_message, function_call
 
+from tests.integrations.booking import booking_tools
 from tests.integrations.conftest import approve
 from tests.proxy.conftest import ProxyHarness
 from tests.sdk.helpers import session_view
@@ -28,7 +29,6 @@ from undolog_sdk import (
     UndoLogClient,
     UndoLogSession,
     run_with_session,
-    undolog_tool,
 )
 from undolog_sdk.compensation import compensation
 from undolog_sdk.integrations.openai_agents import (
@@ -54,23 +54,9 @@ class Tools:
     """A booking agent's tools, counting the runs of each body."""
 
     def __init__(self, client: UndoLogClient) -> None:
-        self.calls: list[str] = []
-
-        async def lookup(name: str) -> str:
-            """Find a passenger."""
-            self.calls.append(f"lookup {name}")
-            return f"passenger {name}"
-
-        async def book_seat(seat: str) -> dict[str, str]:
-            """Book a seat."""
-            self.calls.append(f"book {seat}")
-            return {"booked": seat}
-
-        @undolog_tool(ToolTier.IRREVERSIBLE, client=client)
-        async def cancel_flight(flight: str, reason: str) -> str:
-            """Cancel a flight for every passenger: cannot be undone."""
-            self.calls.append(f"cancel {flight}")
-            return f"cancelled {flight}"
+        booking = booking_tools(client)
+        self.calls = booking.calls
+        lookup, book_seat, cancel_flight = booking.lookup, booking.book_seat, booking.cancel_flight
 
         self.tools: list[FunctionTool] = [
             *undolog_function_tools(

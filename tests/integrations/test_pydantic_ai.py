@@ -26,6 +26,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import ToolApproved
 
+from tests.integrations.booking import booking_tools
 from tests.integrations.conftest import approve
 from tests.proxy.conftest import ProxyHarness
 from tests.sdk.helpers import session_view
@@ -35,7 +36,6 @@ from undolog_sdk import (
     UndoLogClient,
     UndoLogSession,
     run_with_session,
-    undolog_tool,
 )
 from undolog_sdk.compensation import compensation
 from undolog_sdk.integrations.pydantic_ai import (
@@ -82,23 +82,9 @@ class Tools:
     """A booking agent's tools, counting the runs of each body."""
 
     def __init__(self, client: UndoLogClient) -> None:
-        self.calls: list[str] = []
-
-        async def lookup(name: str) -> str:
-            """Find a passenger."""
-            self.calls.append(f"lookup {name}")
-            return f"passenger {name}"
-
-        async def book_seat(seat: str) -> dict[str, str]:
-            """Book a seat."""
-            self.calls.append(f"book {seat}")
-            return {"booked": seat}
-
-        @undolog_tool(ToolTier.IRREVERSIBLE, client=client)
-        async def cancel_flight(flight: str, reason: str) -> str:
-            """Cancel a flight for every passenger: cannot be undone."""
-            self.calls.append(f"cancel {flight}")
-            return f"cancelled {flight}"
+        booking = booking_tools(client)
+        self.calls = booking.calls
+        lookup, book_seat, cancel_flight = booking.lookup, booking.book_seat, booking.cancel_flight
 
         self.tools: list[Tool[Any]] = [
             *undolog_pydantic_tools(

@@ -27,6 +27,7 @@ from semantic_kernel.contents import (
     FunctionResultContent,
 )
 
+from tests.integrations.booking import booking_tools
 from tests.integrations.conftest import approve
 from tests.proxy.conftest import ProxyHarness
 from tests.sdk.helpers import session_view
@@ -36,7 +37,6 @@ from undolog_sdk import (
     UndoLogClient,
     UndoLogSession,
     run_with_session,
-    undolog_tool,
 )
 from undolog_sdk.compensation import compensation
 from undolog_sdk.integrations.semantic_kernel import (
@@ -92,23 +92,9 @@ class Tools:
     """A booking agent's functions, counting the runs of each body, in a kernel."""
 
     def __init__(self, client: UndoLogClient) -> None:
-        self.calls: list[str] = []
-
-        async def lookup(name: str) -> str:
-            """Find a passenger."""
-            self.calls.append(f"lookup {name}")
-            return f"passenger {name}"
-
-        async def book_seat(seat: str) -> dict[str, str]:
-            """Book a seat."""
-            self.calls.append(f"book {seat}")
-            return {"booked": seat}
-
-        @undolog_tool(ToolTier.IRREVERSIBLE, client=client)
-        async def cancel_flight(flight: str, reason: str) -> str:
-            """Cancel a flight for every passenger: cannot be undone."""
-            self.calls.append(f"cancel {flight}")
-            return f"cancelled {flight}"
+        booking = booking_tools(client)
+        self.calls = booking.calls
+        lookup, book_seat, cancel_flight = booking.lookup, booking.book_seat, booking.cancel_flight
 
         self.plugin = undolog_kernel_plugin(
             "booking",
