@@ -108,10 +108,16 @@ async def test_the_server_declares_task_augmented_tool_calls_and_its_tools_accep
     assert tools and all(t["execution"] == {"taskSupport": "optional"} for t in tools)
 
 
-async def test_the_task_methods_are_not_served_in_the_2026_era(gateway: Gateway) -> None:
-    async with gateway.client(era="2026-07-28") as client:
-        tools = await client.list_tools()
-    assert all(t.execution is None for t in tools.tools)
+async def test_tasks_are_declared_to_the_handshake_era_only(gateway: Gateway, era: str) -> None:
+    async with gateway.client(era=era) as client:
+        declared = client.server_capabilities.tasks
+        tools = (await client.list_tools()).tools
+    if era == "legacy":
+        assert declared is not None and declared.list is None and declared.cancel is None
+        assert all(t.execution and t.execution.task_support == "optional" for t in tools)
+    else:  # 2026-07-28: tasks are an extension there, not served
+        assert declared is None
+        assert all(t.execution is None for t in tools)
 
 
 # -- an approval as a task ---------------------------------------------------------------------

@@ -366,7 +366,10 @@ class McpGateway:
         server's result check for `tools/call` would refuse in a handler)."""
         if not asks_for_task(ctx):
             return await call_next(ctx)
-        answer = await call_next(ctx)
+        return await self._create_task(ctx, await call_next(ctx))
+
+    @mapped
+    async def _create_task(self, ctx: ServerRequestContext[Any], answer: Any) -> dict[str, Any]:
         runtime = self._runtime
         if runtime is None or not isinstance(answer, dict):  # pragma: no cover - lifespan
             raise MCPError(INVALID_REQUEST, "the gateway is not serving this request")

@@ -294,11 +294,11 @@ class McpTasks:
         effect_id = task.effect_id
         if waits is None or effect_id is None:  # pragma: no cover - every runtime has waits
             raise MCPError(INVALID_REQUEST, "this server does not hold long waits")
-        latest: list[TaskView] = []
+        latest: list[TaskView] = []  # the last view read
 
         async def ended() -> bool:
-            latest.append(await self._view(runtime, task, ctx.request))
-            return latest[-1].ended
+            latest[:] = [await self._view(runtime, task, ctx.request)]
+            return latest[0].ended
 
         with contextlib.ExitStack() as stack:
             try:
@@ -317,7 +317,7 @@ class McpTasks:
                     )
                     await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
                     if waiting.done() and waiting.result():
-                        return latest[-1]
+                        return latest[0]
                     if gone.done():
                         waiting.cancel()
                         with contextlib.suppress(asyncio.CancelledError):
