@@ -10,7 +10,7 @@ import contextlib
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,11 @@ import pytest
 from tests.mcp.conftest import Gateway, gateway_config, serve_gateway
 from tests.support.servers import ThreadServer, await_until
 from undolog.config import KeyConfig, OrgConfig, Settings, hash_api_key
+from undolog.engine.model import now_us
 from undolog.mcp.config import parse_mcp_settings
 from undolog.mcp.tasks import DEFAULT_TTL_MS, MAX_TTL_MS, MIN_TTL_MS, RELATED_TASK
+from undolog.store import open_store
+from undolog.store.records import McpTaskRecord
 
 pytestmark = pytest.mark.slow
 
@@ -358,3 +361,33 @@ async def test_a_new_proxy_on_the_same_store_answers_an_old_task(
     assert state["status"] == "completed"
     assert not result["isError"]
     assert second.entities() == []
+
+
+@pytest.mark.parametrize("gateway_store", ["sqlite", "postgres"], indirect=True)
+async def test_an_expired_task_is_not_found_and_its_row_goes(
+    gateway: Gateway, gateway_store: str
+) -> None:
+    store = await open_store(gateway_store)
+    try:
+        now = now_us()
+        kept = McpTaskRecord(
+            task_id=str(uuid.uuid4()), org_id=gateway.org_id, owner_key_id=None, session_id=None,
+            effect_id=None, approval_id=None, tool_name="time.get_current_time",
+            result_json='{"content": [], "isError": false}', created_us=now - 120_000_000,
+            ttl_ms=MIN_TTL_MS, expires_us=now + 3_600_000_000,
+        )  # fmt: skip
+        expired = replace(kept, task_id=str(uuid.uuid4()), expires_us=now - 1)
+        async with store.transaction() as q:
+            await q.insert_mcp_task(kept)
+            await q.insert_mcp_task(expired)
+        async with raw(gateway.url, gateway.api_key) as client:
+            assert (await client.get(kept.task_id))["status"] == "completed"
+            gone = await client.send("tasks/get", {"taskId": expired.task_id})
+            assert gone["error"]["code"] == NOT_FOUND
+            # Creating a task deletes expired ones.
+            await client.call_as_task("time.get_current_time", {"timezone": "UTC"})
+        async with store.reader() as q:
+            assert await q.get_mcp_task(gateway.org_id, expired.task_id) is None
+            assert await q.get_mcp_task(gateway.org_id, kept.task_id) == kept
+    finally:
+        await store.close()
