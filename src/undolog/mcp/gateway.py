@@ -37,33 +37,36 @@ upstream the item came from (`UpstreamPool` has the routing rule). The lowlevel 
 its capabilities from its handlers, so these are added, and the `resources` and `prompts`
 capabilities advertised, once an upstream has declared them; resource subscriptions are not
 served.
+
+A 2025-11-25 client may augment `tools/call` with `task` (the spec's tasks utility): it gets a
+task instead of the result, `input_required` while the call waits for a person, and the result
+from `tasks/result` (`undolog.mcp.tasks`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
-from urllib.parse import urlsplit
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 import orjson
-import structlog
 from mcp import MCPError
-from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel import Server
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp_types import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
+    METHOD_NOT_FOUND,
     CallToolRequestParams,
     CallToolResult,
     ElicitRequest,
     ElicitRequestURLParams,
     GetPromptRequestParams,
     GetPromptResult,
+    GetTaskPayloadRequestParams,
+    GetTaskRequestParams,
     InputRequiredResult,
     ListPromptsResult,
     ListResourcesResult,
@@ -72,22 +75,30 @@ from mcp_types import (
     PaginatedRequestParams,
     ReadResourceRequestParams,
     ReadResourceResult,
+    ToolExecution,
 )
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 import undolog
 from undolog.engine import Decision
-from undolog.engine.model import ORG_WIDE, Actor
-from undolog.logs import internal_error_message
 from undolog.mcp.config import McpSettings
+from undolog.mcp.errors import mapped, same_origin
 from undolog.mcp.link import Capability
 from undolog.mcp.requests import (
+    ANSWERS_KEY,
     SESSION_HEADER,
     SESSION_META_KEY,
+    WATCH_KEY,
+    actor_of,
+    approval_url,
+    asks_for_task,
     can_open_urls,
+    request_state,
     session_id_of,
     traceparent_from,
 )
 from undolog.mcp.results import awaiting, awaiting_text, recorded_result, refusal, with_meta
+from undolog.mcp.tasks import TASK_CALL_KEY, McpTasks, TaskCall, TaskServer
 from undolog.mcp.upstreams import GatewayTool, UpstreamPool
 from undolog.services.calls import Call, CallOutcome, CallStatus, refused, run_call
 from undolog.services.decisions import wait_for_decision
@@ -110,52 +121,8 @@ __all__ = ["SESSION_HEADER", "SESSION_META_KEY", "McpGateway"]
 
 APPROVAL_INPUT = "undolog_approval"  # the key of our request in an `input_required` result
 
-ANSWERS_KEY = "undolog_answers"  # scope state: the answers this request carries (Delivery)
-
-
-def _same_origin(origin: str, host: str | None) -> bool:
-    try:
-        return host is not None and urlsplit(origin).netloc.lower() == host.lower()
-    except ValueError:
-        return False
-
-
-def _actor(state: dict[str, Any]) -> Actor:
-    """The caller's key as the engine checks it: an agent key uses its own sessions only."""
-    principal = state.get("principal")  # set by the proxy's edge from the key
-    return principal.actor if principal is not None else ORG_WIDE
-
-
-def _request_state(ctx: ServerRequestContext[Any]) -> dict[str, Any]:
-    """The proxy edge's state of the HTTP request behind an MCP request (org, request id)."""
-    request = ctx.request
-    state = getattr(request, "scope", {}).get("state", {}) if request is not None else {}
-    return state if isinstance(state, dict) else {}
-
-
-Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
-
-
-def _mapped(handler: Handler) -> Handler:
-    """The MCP front end's one mapping of what a handler raises (`undolog.proxy.errors` is
-    REST's): an `MCPError` as it is, anything else — a bug — as `-32603` with a fixed message
-    and the request id; the traceback goes to the log, never the exception's text to the
-    client (the handshake era's server would send `str(exc)`)."""
-
-    @functools.wraps(handler)
-    async def mapped(self: McpGateway, ctx: ServerRequestContext[Any], params: Any) -> Any:
-        try:
-            return await handler(self, ctx, params)
-        except MCPError:
-            raise
-        except Exception as exc:
-            request_id = str(_request_state(ctx).get("request_id") or uuid.uuid4())
-            structlog.get_logger("undolog.proxy").error(
-                "unhandled_error", request_id=request_id, path="/mcp", exc_info=exc
-            )
-            raise MCPError(INTERNAL_ERROR, internal_error_message(request_id)) from None
-
-    return cast(Handler, mapped)
+# Tools a handshake-era client may call as tasks (`tools/list`, `execution.taskSupport`).
+TASK_OPTIONAL = ToolExecution(task_support="optional")
 
 
 class McpGateway:
@@ -164,7 +131,8 @@ class McpGateway:
     def __init__(self, settings: McpSettings, *, timeout_seconds: float) -> None:
         self.settings = settings
         self.pool = UpstreamPool(settings.upstreams, timeout_seconds=timeout_seconds)
-        self.server: Server[Any] = Server(
+        self.tasks = McpTasks(settings.approval_url)
+        self.server = TaskServer(
             "undolog",
             version=undolog.__version__,
             instructions=(
@@ -177,6 +145,11 @@ class McpGateway:
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
         )
+        self.server.add_request_handler("tasks/get", GetTaskRequestParams, self._get_task)
+        self.server.add_request_handler(
+            "tasks/result", GetTaskPayloadRequestParams, self._task_result
+        )
+        self.server.middleware.append(self._as_task)
         self._manager: StreamableHTTPSessionManager | None = None
         self._runtime: Runtime | None = None
         self._registered: dict[tuple[str, str], tuple[str, str | None]] = {}
@@ -211,7 +184,7 @@ class McpGateway:
         if (
             origin
             and origin not in self.settings.allowed_origins
-            and not _same_origin(origin, headers.get("host"))
+            and not same_origin(origin, headers.get("host"))
         ):
             # The spec: a server MUST validate Origin, and answer 403 to an invalid one
             # (a web page must not reach a local server through the user's browser).
@@ -250,8 +223,8 @@ class McpGateway:
             return await receive()
 
         answers: list[Delivery] = []
-        scope.setdefault("state", {})[ANSWERS_KEY] = answers
         watch = AnswerWatch(receive)
+        scope.setdefault("state", {}).update({ANSWERS_KEY: answers, WATCH_KEY: watch})
         try:
             await self._manager.handle_request(scope, receive_body, watch.wrap(send))
         finally:
@@ -282,54 +255,56 @@ class McpGateway:
         tool = self.pool.get(name)
         return tool.tool.input_schema if tool is not None else None
 
-    @_mapped
+    @mapped
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
-        tools = await self.pool.refresh_tools()
-        return ListToolsResult(tools=[t.tool for t in tools])
+        tools = [t.tool for t in await self.pool.refresh_tools()]
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            tools = [t.model_copy(update={"execution": TASK_OPTIONAL}) for t in tools]
+        return ListToolsResult(tools=tools)
 
     # Resources and prompts are read-only: straight to the upstreams, nothing is recorded. The
     # pool raises `MCPError`s (unknown item, upstream down, the upstream's own error).
 
-    @_mapped
+    @mapped
     async def _list_resources(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListResourcesResult:
         return ListResourcesResult(resources=await self.pool.list_resources())
 
-    @_mapped
+    @mapped
     async def _list_templates(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListResourceTemplatesResult:
         templates = await self.pool.list_resource_templates()
         return ListResourceTemplatesResult(resource_templates=templates)
 
-    @_mapped
+    @mapped
     async def _read_resource(
         self, ctx: ServerRequestContext[Any], params: ReadResourceRequestParams
     ) -> ReadResourceResult:
         return await self.pool.read_resource(params.uri)
 
-    @_mapped
+    @mapped
     async def _list_prompts(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListPromptsResult:
         return ListPromptsResult(prompts=await self.pool.list_prompts())
 
-    @_mapped
+    @mapped
     async def _get_prompt(
         self, ctx: ServerRequestContext[Any], params: GetPromptRequestParams
     ) -> GetPromptResult:
         return await self.pool.get_prompt(params.name, params.arguments)
 
-    @_mapped
+    @mapped
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
     ) -> CallToolResult | InputRequiredResult:
         """`tools/call`: the MCP adapter over `undolog.services.calls.run_call`."""
         runtime = self._runtime
-        state = _request_state(ctx)
+        state = request_state(ctx)
         org_id = state.get("org_id")
         if runtime is None or org_id is None:
             raise MCPError(INVALID_REQUEST, "the gateway is not serving this request")
@@ -356,6 +331,7 @@ class McpGateway:
                 "X-UndoLog-Session-Id (a UUID) or _meta['undolog/session_id']",
             )
         request_id = state.get("request_id") or str(uuid.uuid4())
+        as_task = asks_for_task(ctx)  # not held for a decision: the task is the wait
         try:
             await self._register(runtime, org_id, tool)
         except UndoLogError as exc:
@@ -367,16 +343,56 @@ class McpGateway:
                 session_id,
                 tool.name,
                 args,
-                actor=_actor(state),
+                actor=actor_of(state),
                 traceparent=traceparent_from(ctx, ctx.request),
             )
             outcome = await run_call(runtime, call, request_id)
-            if outcome.status is CallStatus.PENDING_APPROVAL and not self._asks_urls(ctx, params):
+            pending = outcome.status is CallStatus.PENDING_APPROVAL
+            if pending and not as_task and not self._asks_urls(ctx, params):
                 outcome = await self._wait_for_decision(runtime, state, call, outcome, request_id)
         answered = outcome.answered
-        if answered is not None:
+        if as_task:  # answered by its task (`_as_task`), and delivered by tasks/result
+            pending = outcome.status is CallStatus.PENDING_APPROVAL
+            decision = outcome.decision if pending else answered
+            if decision is not None and decision.logged:
+                state[TASK_CALL_KEY] = TaskCall(session_id, decision, waiting=pending)
+        elif answered is not None:
             self._answering(runtime, state, org_id, session_id, answered)
         return self._render(ctx, params, outcome)
+
+    async def _as_task(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
+        """Middleware: a task-augmented `tools/call` runs as any call (its protocol errors
+        stay errors), then is answered with its task (`CreateTaskResult`, which the lowlevel
+        server's result check for `tools/call` would refuse in a handler)."""
+        if not asks_for_task(ctx):
+            return await call_next(ctx)
+        return await self._create_task(ctx, await call_next(ctx))
+
+    @mapped
+    async def _create_task(self, ctx: ServerRequestContext[Any], answer: Any) -> dict[str, Any]:
+        runtime = self._runtime
+        if runtime is None or not isinstance(answer, dict):  # pragma: no cover - lifespan
+            raise MCPError(INVALID_REQUEST, "the gateway is not serving this request")
+        return await self.tasks.create(runtime, ctx, answer)
+
+    @mapped
+    async def _get_task(
+        self, ctx: ServerRequestContext[Any], params: GetTaskRequestParams
+    ) -> dict[str, Any]:
+        return await self.tasks.get(self._task_runtime(ctx), ctx, params.task_id)
+
+    @mapped
+    async def _task_result(
+        self, ctx: ServerRequestContext[Any], params: GetTaskPayloadRequestParams
+    ) -> dict[str, Any]:
+        return await self.tasks.result(self._task_runtime(ctx), ctx, params.task_id)
+
+    def _task_runtime(self, ctx: ServerRequestContext[Any]) -> Runtime:
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:  # tasks left the core there
+            raise MCPError(METHOD_NOT_FOUND, "Method not found")
+        if self._runtime is None:  # pragma: no cover - lifespan
+            raise MCPError(INVALID_REQUEST, "the gateway is not serving this request")
+        return self._runtime
 
     def _render(
         self, ctx: ServerRequestContext[Any], params: CallToolRequestParams, outcome: CallOutcome
@@ -436,19 +452,12 @@ class McpGateway:
             return pending
         return await run_call(runtime, call, request_id) if decided else pending
 
-    def _approval_url(self, approval_id: str, request: Any) -> str:
-        template = self.settings.approval_url
-        if template is None:
-            base = str(request.base_url).rstrip("/") if request is not None else ""
-            return f"{base}/ui/#/approvals/pending"
-        return template.replace("{approval_id}", approval_id)
-
     def _input_required(
         self, decision: Decision, request: Any, retry_after: int
     ) -> InputRequiredResult:
         """The spec's way to pause a call for a person: send the user to the approval page."""
         assert decision.approval_id is not None
-        url = self._approval_url(decision.approval_id, request)
+        url = approval_url(self.settings.approval_url, decision.approval_id, request)
         ask = ElicitRequestURLParams(
             message=awaiting_text(decision, retry_after) + f" Approve it at {url}",
             url=url,

@@ -16,8 +16,10 @@ from undolog_sdk.wire import CallStatus
 
 __all__ = [
     "META_KEY",
+    "approval_text",
     "awaiting",
     "awaiting_text",
+    "effect_meta",
     "recorded_result",
     "refusal",
     "text_result",
@@ -58,14 +60,20 @@ def refusal(exc: UndoLogError) -> CallToolResult:
     )
 
 
-def awaiting_text(decision: Decision, retry_after: int) -> str:
-    approval_id = decision.approval_id
+def approval_text(tool_name: str, approval_id: str | None) -> str:
+    """What a call that waits for a person says first, whichever way it is answered."""
     return (
-        f"'{decision.tool.name}' cannot be undone, so it waits for a person to approve it "
+        f"'{tool_name}' cannot be undone, so it waits for a person to approve it "
         f"(approval {approval_id}; POST /approvals/{approval_id}/approve or "
-        f"`undolog approvals approve {approval_id}`). It has not run. Once it is approved, call "
-        "the tool again with the same arguments in the same session: that call returns its "
-        f"result. Retry after {retry_after}s or later."
+        f"`undolog approvals approve {approval_id}`). It has not run."
+    )
+
+
+def awaiting_text(decision: Decision, retry_after: int) -> str:
+    return (
+        approval_text(decision.tool.name, decision.approval_id)
+        + " Once it is approved, call the tool again with the same arguments in the same "
+        f"session: that call returns its result. Retry after {retry_after}s or later."
     )
 
 
@@ -83,10 +91,13 @@ def awaiting(decision: Decision, retry_after: int) -> CallToolResult:
 
 
 def with_meta(result: CallToolResult, decision: Decision, status: str) -> CallToolResult:
+    return effect_meta(result, decision.effect_id, decision.step_index, status)
+
+
+def effect_meta(
+    result: CallToolResult, effect_id: str, step_index: int | None, status: str
+) -> CallToolResult:
+    """`result` with UndoLog's part: how the call ended, and its effect."""
     meta = dict(result.meta or {})
-    meta[META_KEY] = {
-        "status": status,
-        "effect_id": decision.effect_id,
-        "step_index": decision.step_index,
-    }
+    meta[META_KEY] = {"status": status, "effect_id": effect_id, "step_index": step_index}
     return result.model_copy(update={"meta": meta})

@@ -48,6 +48,7 @@ class AnswerWatch:
     def __init__(self, receive: Receive) -> None:
         self.gone = False  # the client left before the answer was sent
         self.sent = False  # the final body was handed to the server with the client there
+        self.left = asyncio.Event()  # set once the connection has closed (a long wait ends)
         self._task = asyncio.create_task(self._watch(receive))
 
     async def _watch(self, receive: Receive) -> None:
@@ -56,6 +57,7 @@ class AnswerWatch:
             if message["type"] == "http.disconnect":
                 if not self.sent:
                     self.gone = True
+                self.left.set()
                 return
 
     def wrap(self, send: Send) -> Send:

@@ -22,6 +22,7 @@ from undolog.store.records import (
     EffectRecord,
     EventRecord,
     KeyRecord,
+    McpTaskRecord,
     OrgRecord,
     PolicyRecord,
     SessionRecord,
@@ -287,6 +288,15 @@ class Queries(OperatorQueries, Protocol):
     async def insert_approval(self, approval: ApprovalRecord) -> None: ...
 
     async def get_approval(self, org_id: str, approval_id: str) -> ApprovalRecord | None: ...
+
+    # -- MCP tasks (migration 19): task-augmented `tools/call`s of the gateway -----------------
+
+    async def insert_mcp_task(self, task: McpTaskRecord) -> None: ...
+
+    async def get_mcp_task(self, org_id: str, task_id: str) -> McpTaskRecord | None: ...
+
+    async def delete_expired_mcp_tasks(self, org_id: str, now_us: int, limit: int) -> int:
+        """Delete up to `limit` of the org's tasks whose `expires_us` has passed."""
 
     async def get_approval_for_effect(
         self, org_id: str, effect_id: str

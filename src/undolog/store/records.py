@@ -18,6 +18,7 @@ __all__ = [
     "EffectRecord",
     "EventRecord",
     "KeyRecord",
+    "McpTaskRecord",
     "OrgRecord",
     "PolicyRecord",
     "SessionRecord",
@@ -193,3 +194,23 @@ class AuditHeadRecord:
     last_event_id: int  # the event that record came from: the next export starts after it
     record_count: int  # records in the chain from its start
     exported_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class McpTaskRecord:
+    """An MCP task: a task-augmented `tools/call` of the gateway (migration 19, docs/mcp.md).
+
+    A call that waits for a person keeps only its effect and approval (its state is derived
+    from them); a call that ended at once keeps the answer it gave (`result_json`)."""
+
+    task_id: str  # random, unguessable; looked up with the caller's org
+    org_id: str
+    owner_key_id: str | None  # the API key whose call created it
+    session_id: str | None  # None: a read-only call made without a session
+    effect_id: str | None  # the call's effect, when it recorded one
+    approval_id: str | None  # set while/when the call waited for a person
+    tool_name: str
+    result_json: str | None  # the `CallToolResult` (wire JSON) of a call that ended at once
+    created_us: int
+    ttl_ms: int
+    expires_us: int  # created_us + ttl: the row may be deleted from then on

@@ -23,12 +23,13 @@ from undolog.store._sql.rows import (
     UNDO_FIELDS,
     UNDO_NEW,
 )
+from undolog.store._sql.tasks import TaskSql
 from undolog.store._sql.webhooks import WebhookSql
 from undolog.store.records import ApprovalRecord, EffectRecord, EventRecord, UndoEntryRecord
 from undolog_sdk.wire import ApprovalStatus, UndoState
 
 
-class SqlQueries(RetentionSql, HealthSql, WebhookSql, PageSql):
+class SqlQueries(RetentionSql, HealthSql, WebhookSql, PageSql, TaskSql):
     """All statements of the store, bound to one connection (and maybe one transaction)."""
 
     # -- effects -----------------------------------------------------------------------------
