@@ -147,6 +147,7 @@ class EventType(_WireEnum):
     COMPENSATION_COMPENSATED = "compensation_compensated"  # settled without running again
     COMPENSATION_RETRIED = "compensation_retried"  # an operator put it back on the stack
     COMPENSATION_RESOLVED = "compensation_resolved"  # an operator handled it by hand
+    CALL_DENIED = "call_denied"  # a policy rule refused a new call: nothing ran or was recorded
 
     @classmethod
     def compensation(cls, state: UndoState) -> EventType:
