@@ -15,6 +15,7 @@ const EVENT_TYPES = [
   "compensation_completed", "compensation_failed", "compensation_retrying",
   "compensation_skipped", "compensation_retried", "compensation_resolved",
   "compensation_running", "compensation_compensated", "call_denied",
+  "approval_partially_approved",
 ];
 export const HISTORY = 50;
 const KEPT = 200;
