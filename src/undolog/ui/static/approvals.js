@@ -5,7 +5,7 @@
 
 import { api, query } from "./api.js";
 import { $, ask, badge, duration, frame, h, pager, pretty, say, shortId, when } from "./dom.js";
-import { argsEditor, editedArgs } from "./editargs.js";
+import { argsDiff, argsEditor, editedArgs, requestedArgs } from "./editargs.js";
 import { approvalsHash } from "./nav.js";
 import { scheduleRefresh, state } from "./state.js";
 
@@ -188,7 +188,7 @@ async function decide(a, verdict, card, args) {
   if (reason) body.reason = reason;
   if (args !== undefined) body.args = args; // approve with changes (docs/approvals.md)
   const res = await api(`/approvals/${encodeURIComponent(a.id)}/${verdict}`, { method: "POST", body });
-  state.decided.set(a.id, { approval: a, verdict, reason, res, edited: args !== undefined });
+  state.decided.set(a.id, { approval: a, verdict, reason, res, edited: args !== undefined, args });
   card.remove();
   renderDecided();
   scheduleRefresh();
@@ -200,7 +200,7 @@ function renderDecided() {
   box.replaceChildren(...[...state.decided.values()].reverse().map(decidedCard));
 }
 
-function decidedCard({ approval: a, verdict, reason, res, edited }) {
+function decidedCard({ approval: a, verdict, reason, res, edited, args }) {
   let outcome;
   if (!res.ok) {
     outcome = h("p", { class: "error" }, res.data?.code === "approval_already_resolved"
@@ -214,6 +214,8 @@ function decidedCard({ approval: a, verdict, reason, res, edited }) {
     h("pre", { class: "json result" }, pretty(res.data.result))];
   } else if (res.data.execution === "failed") {
     outcome = h("p", { class: "error" }, "Approved, but the call failed: ", res.data.error);
+  } else if (res.data.execution === "awaiting_approvers") {
+    outcome = h("p", {}, `Approved: ${res.data.approvals} of ${res.data.approvers_required} approvers so far; it runs once the others approve.`);
   } else {
     outcome = h("p", {}, "Approved: the agent runs it on its next retry.");
   }
@@ -221,5 +223,7 @@ function decidedCard({ approval: a, verdict, reason, res, edited }) {
     h("header", {}, h("h2", {}, a.tool_name), " ", badge(verdict === "approve" ? "approved" : "rejected"),
       h("button", { type: "button", class: "secondary dismiss", "aria-label": `Dismiss ${a.tool_name}`,
         onclick: () => { state.decided.delete(a.id); renderDecided(); } }, "Dismiss")),
-    outcome);
+    outcome,
+    // Approved with changes: requested → approved, as the history view shows it (diffView).
+    res.ok && verdict === "approve" && edited ? diffView({ args_diff: argsDiff(requestedArgs(a), args) }) : null);
 }
