@@ -174,7 +174,7 @@ def test_the_local_approved_card_shows_the_diff_right_away(dashboard: Dashboard)
     items = decided.locator(".args-diff li")
     assert sorted(items.all_inner_texts()) == sorted(
         ['~ db_name: "customers" → "customers-copy"', "+ dry_run: false",
-         "− keep_backup: true"]
+         "\u2212 keep_backup: true"]
     )  # fmt: skip
     assert decided.locator(".args-diff summary").inner_text() == "Changed by the approver"
     # The same as the history view, which reads the server's record.

@@ -49,7 +49,7 @@ export async function renderApprovals(view, r, quiet) {
     seen.add(approval.id);
     let card = list.querySelector(`[data-approval="${CSS.escape(approval.id)}"]`);
     if (!card) card = approvalCard(approval, approval.status === "pending");
-    else updateTimes(card);
+    else updateCard(card, approval);
     card.querySelector(".recent").replaceChildren(...recentCalls(approval));
     if (previous) previous.after(card); else list.prepend(card);
     previous = card;
@@ -126,10 +126,22 @@ function ruleRows(a) {
   const rows = [];
   if (a.rule) rows.push(h("dt", {}, "Rule"), h("dd", { class: "rule" }, a.rule));
   if ((a.approvers_required || 1) > 1) {
-    const by = (a.approved_by || []).join(", ");
-    rows.push(h("dt", {}, "Approvers"), h("dd", { class: "approvers" }, `${(a.approved_by || []).length} of ${a.approvers_required}${by ? ` (${by})` : ""}`));
+    rows.push(h("dt", {}, "Approvers"), h("dd", { class: "approvers" }, approversText(a)));
   }
   return rows;
+}
+
+function approversText(a) {
+  const by = (a.approved_by || []).join(", ");
+  return `${(a.approved_by || []).length} of ${a.approvers_required}${by ? ` (${by})` : ""}`;
+}
+
+// A card already on the page, refreshed in place (a reason being typed survives): its times,
+// and its approvers so far (another approver's partial approval, docs/approvals.md).
+function updateCard(card, a) {
+  updateTimes(card);
+  const approvers = card.querySelector(".approvers");
+  if (approvers) approvers.textContent = approversText(a);
 }
 
 // What an approver changed in the arguments: added, removed and changed keys.
