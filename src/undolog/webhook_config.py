@@ -17,13 +17,14 @@ from undolog_sdk.wire import EventType
 __all__ = ["WEBHOOK_EVENTS", "WEBHOOK_KINDS", "WebhookConfig", "parse_webhooks", "read_secret"]
 
 # The events a webhook may ask for (all of them by default): an approval requested,
-# decided (approved, auto-approved or rejected) or timed out, and a compensation that
-# gave up and needs a person.
+# decided (approved, auto-approved or rejected), approved by one of several approvers, or
+# timed out, and a compensation that gave up and needs a person.
 WEBHOOK_EVENTS = tuple(
     e.value
     for e in (
         EventType.APPROVAL_REQUIRED,
         EventType.APPROVAL_APPROVED,
+        EventType.APPROVAL_PARTIALLY_APPROVED,
         EventType.APPROVAL_REJECTED,
         EventType.APPROVAL_TIMED_OUT,
         EventType.COMPENSATION_FAILED,

@@ -17,6 +17,7 @@ import pytest
 
 from undolog.engine import Engine
 from undolog.engine.saga import LOST_RUN, Claim, RollbackStatus, Saga, StepKind, plan_next
+from undolog.engine.unwind import NotHandedOver
 from undolog.store import EffectRecord, EventRecord, Store, UndoEntryRecord
 from undolog_sdk.errors import (
     ClaimNotHeld,
@@ -744,3 +745,34 @@ async def test_a_lapsed_claim_taken_over_invalidates_the_old_token(
             await call()
     done = await saga.complete(org_id, second.entry.entry_id, second.token)
     assert done.state == "compensated"
+
+
+async def test_an_sdk_entry_is_claimed_only_within_its_hand_off(
+    saga: Saga, engine: Engine, store: Store, clock: Clock, org_id: str
+) -> None:
+    """A claim needs a rollback's hand-off (`waiting_for_runner`): never before, at most one
+    lease after it, and once (tests/proxy/test_claim_handoff.py are the attacks)."""
+    session = new_session()
+    await committed(engine, org_id, session, 1, mode="sdk")
+    [entry] = await stack_of(store, org_id, session)
+    with pytest.raises(NotHandedOver) as before:
+        await saga.claim_entry(org_id, entry.entry_id, "sdk")  # an open session, no undo
+    assert (before.value.code, before.value.fields()["entry_id"]) == (
+        "invalid_state_transition",
+        entry.entry_id,
+    )
+
+    await saga.begin(org_id, session)
+    assert await saga.claim(org_id, session, "proxy") is RollbackStatus.WAITING_FOR_RUNNER
+    [handed_over] = await stack_of(store, org_id, session)
+    assert handed_over.handed_until_us == clock.now + LEASE_S * SECOND
+    clock.advance(LEASE_S)  # the hand-off lapsed unclaimed
+    with pytest.raises(NotHandedOver):
+        await saga.claim_entry(org_id, entry.entry_id, "sdk")
+
+    assert await saga.claim(org_id, session, "proxy") is RollbackStatus.WAITING_FOR_RUNNER
+    clock.advance(LEASE_S - 1)
+    claimed = await saga.claim_entry(org_id, entry.entry_id, "sdk")
+    assert claimed.entry.handed_until_us is None  # consumed
+    with pytest.raises(InvalidStateTransition):
+        await saga.claim_entry(org_id, entry.entry_id, "sdk")

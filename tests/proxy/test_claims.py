@@ -115,6 +115,10 @@ def test_a_lapsed_claim_taken_over_invalidates_the_old_token(
         taken: dict[str, Any] = {}
 
         def take_over() -> bool:
+            # The rollback hands the entry again once the claim's lease lapsed (until then it
+            # answers 409 in_progress); only a handed entry may be claimed.
+            if c.post(f"/sessions/{session}/rollback").status_code != 200:
+                return False
             answer = c.post(f"/undo/{entry}/claim")
             if answer.status_code == 200:
                 taken.update(answer.json())

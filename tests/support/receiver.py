@@ -4,6 +4,7 @@ unstarted (down) and started later on its reserved port."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import threading
@@ -56,6 +57,8 @@ class Receiver:
     port: int = field(default_factory=free_port)
     received: list[Received] = field(default_factory=list)
     server: ThreadServer | None = None
+    # Set: each request is held (recorded, not yet answered) until the test sets it.
+    hold: threading.Event | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -67,6 +70,8 @@ class Receiver:
             entry = Received(request.url.path, dict(request.headers), await request.body())
             with self._lock:
                 self.received.append(entry)
+            if self.hold is not None:
+                await asyncio.to_thread(self.hold.wait, 60)
             if self.redirect_to and request.url.path == "/hook":
                 return Response(status_code=302, headers={"Location": self.redirect_to})
             return Response(self.answer_body, status_code=self.status)

@@ -151,3 +151,41 @@ def test_an_sdk_executed_call_offers_no_editor(dashboard: Dashboard) -> None:
     sdk_card.wait_for()
     assert sdk_card.locator("button.edit-args").count() == 0
     assert "runs the agent's own arguments" in sdk_card.locator(".no-edit").inner_text()
+
+
+def test_the_local_approved_card_shows_the_diff_right_away(dashboard: Dashboard) -> None:
+    """The card the approver sees right after approving with changes shows requested →
+    approved, as the history view does (it showed none before); unchanged, it shows none."""
+    proxy, page = dashboard.proxy, dashboard.page
+    requested = {"db_name": "customers", "keep_backup": True}
+    approval_id = ask(proxy, "delete_database", requested)
+    same = ask(proxy, "delete_database", {"db_name": "logs"})
+    dashboard.sign_in()
+    dashboard.go("#/approvals")
+    card = page.locator(f"#approval-list [data-approval='{approval_id}']")
+    card.get_by_role("button", name="Edit arguments").click()
+    card.get_by_label("Arguments to approve (JSON)").fill(
+        json.dumps({"db_name": "customers-copy", "dry_run": False})
+    )
+    card.get_by_role("button", name="Approve").click()
+    page.locator("#approve-dialog").get_by_role("button", name="Approve and run").click()
+    decided = page.locator(f"#decided [data-decided='{approval_id}']")
+    decided.get_by_text("committed").wait_for()
+    items = decided.locator(".args-diff li")
+    assert sorted(items.all_inner_texts()) == sorted(
+        ['~ db_name: "customers" → "customers-copy"', "+ dry_run: false",
+         "\u2212 keep_backup: true"]
+    )  # fmt: skip
+    assert decided.locator(".args-diff summary").inner_text() == "Changed by the approver"
+    # The same as the history view, which reads the server's record.
+    server = approval(proxy, approval_id)["args_diff"]
+    assert server["changed"] == {"db_name": {"from": "customers", "to": "customers-copy"}}
+    assert (server["added"], server["removed"]) == ({"dry_run": False}, {"keep_backup": True})
+    dashboard.screenshot("edit-args-decided-local")
+
+    plain = page.locator(f"#approval-list [data-approval='{same}']")
+    plain.get_by_role("button", name="Approve").click()
+    page.locator("#approve-dialog").get_by_role("button", name="Approve and run").click()
+    done = page.locator(f"#decided [data-decided='{same}']")
+    done.get_by_text("committed").wait_for()
+    assert done.locator(".args-diff").count() == 0

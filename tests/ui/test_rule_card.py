@@ -49,3 +49,35 @@ def test_the_card_shows_the_rule_the_approvers_and_the_changed_args(dashboard: D
         '~ to: "x@elsewhere.org" → "x@ourcompany.com"'
     )
     dashboard.screenshot("approval-rule-changed")
+
+
+def test_an_open_card_counts_a_partial_approval_made_elsewhere(dashboard: Dashboard) -> None:
+    """The first of two approvals, made by another approver, reaches an open approvals page
+    (the `approval_partially_approved` event): its card says "1 of 2" without a reload. The
+    signed-in admin approving first sees, on the card of its decision, that others must still
+    approve (not "the agent runs it")."""
+    proxy, page = dashboard.proxy, dashboard.page
+    rule = {"name": "mail-needs-two", "tool": "send_email", "action": "require", "approvers": 2}
+    with proxy.client() as admin:
+        assert admin.put("/policy/rules", json={"rules": [rule]}).status_code == 200
+    body = {"session_id": str(uuid.uuid4()), "tool_name": "send_email", "step_index": 1,
+            "args": {"to": "x@elsewhere.org", "subject": "hi"}}  # fmt: skip
+    with proxy.client(proxy.agent_key) as agent:
+        approval_id = agent.post(TOOL_CALL, json=body).json()["approval_id"]
+    dashboard.sign_in()
+    dashboard.go("#/approvals")
+    card = page.locator(f"#approval-list [data-approval='{approval_id}']")
+    card.locator(".approvers").filter(has_text="0 of 2").wait_for()
+
+    with proxy.client(proxy.approver_key) as approver:
+        first = approver.post(f"/approvals/{approval_id}/approve")
+        assert first.json()["execution"] == "awaiting_approvers", first.text
+    card.locator(".approvers").filter(has_text="1 of 2 (key:approver)").wait_for()
+    dashboard.screenshot("approval-partial-live")
+
+    with proxy.client(proxy.agent_key) as agent:
+        other = agent.post(TOOL_CALL, json={**body, "step_index": 2}).json()["approval_id"]
+    mine = page.locator(f"#approval-list [data-approval='{other}']")
+    mine.get_by_role("button", name="Approve").click()
+    decided = page.locator(f"#decided [data-decided='{other}']")
+    decided.get_by_text("Approved: 1 of 2 approvers so far").wait_for()

@@ -134,6 +134,8 @@ class EventType(_WireEnum):
     EFFECT_FAILED = "effect_failed"  # also a move to in_doubt (payload stage `in_doubt`)
     APPROVAL_REQUIRED = "approval_required"
     APPROVAL_APPROVED = "approval_approved"  # also an auto-approval (payload `status`)
+    # One of N approvers approved; the call still waits for the others (docs/approvals.md).
+    APPROVAL_PARTIALLY_APPROVED = "approval_partially_approved"
     APPROVAL_REJECTED = "approval_rejected"
     APPROVAL_TIMED_OUT = "approval_timed_out"
     SESSION_COMPLETED = "session_completed"
@@ -147,6 +149,7 @@ class EventType(_WireEnum):
     COMPENSATION_COMPENSATED = "compensation_compensated"  # settled without running again
     COMPENSATION_RETRIED = "compensation_retried"  # an operator put it back on the stack
     COMPENSATION_RESOLVED = "compensation_resolved"  # an operator handled it by hand
+    CALL_DENIED = "call_denied"  # a policy rule refused a new call: nothing ran or was recorded
 
     @classmethod
     def compensation(cls, state: UndoState) -> EventType:

@@ -184,17 +184,45 @@ class Approvals:
             )
         approved_by, approved_args = approvers_after(approval, who, edit)
         if len(approved_by) < approval.approvers_required:  # more approvers to come
-            await q.update_approval(
-                org_id, approval_id, expect_status=ApprovalStatus.PENDING.value,
-                approved_by=orjson.dumps(approved_by).decode(), approved_args=approved_args,
-            )  # fmt: skip
-            waiting = await q.get_approval(org_id, approval_id)
-            assert waiting is not None
-            return DecisionResult(waiting, effect)
+            return await self._partly_approve(q, approval, effect, approved_by, approved_args, now)
         return await self._approve(
             q, approval, effect, ApprovalStatus.APPROVED, now, reason, decided_by,
             approved_by=orjson.dumps(approved_by).decode(), approved_args=approved_args,
         )  # fmt: skip
+
+    async def _partly_approve(
+        self,
+        q: Queries,
+        approval: ApprovalRecord,
+        effect: EffectRecord,
+        approved_by: list[dict[str, Any]],
+        approved_args: str | None,
+        now: int,
+    ) -> DecisionResult:
+        """One of N approvers approved: record it, and announce it (`approval_partially_
+        approved`: so far / needed, and who) unless nothing changed (the same key again)."""
+        by_json = orjson.dumps(approved_by).decode()
+        org_id, approval_id = approval.org_id, approval.approval_id
+        await q.update_approval(
+            org_id, approval_id, expect_status=ApprovalStatus.PENDING.value,
+            approved_by=by_json, approved_args=approved_args,
+        )  # fmt: skip
+        if by_json != approval.approved_by_json or approved_args != approval.approved_args_json:
+            payload: dict[str, Any] = {
+                "approval_id": approval_id, "tool_name": approval.tool_name,
+                "rule": approval.rule, "approvals": len(approved_by),
+                "approvers_required": approval.approvers_required,
+                "approver": approved_by[-1].get("by"),
+            }  # fmt: skip
+            if approved_args is not None:  # an edit, as a digest (docs/audit.md)
+                payload["approved_args_sha256"] = hashlib.sha256(approved_args.encode()).hexdigest()
+            await q.insert_event(
+                org_id, EventType.APPROVAL_PARTIALLY_APPROVED, approval.session_id,
+                approval.effect_id, orjson.dumps(payload).decode(), now,
+            )  # fmt: skip
+        waiting = await q.get_approval(org_id, approval_id)
+        assert waiting is not None
+        return DecisionResult(waiting, effect)
 
     async def _approve(
         self,

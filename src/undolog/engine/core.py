@@ -319,7 +319,9 @@ class Engine(Intents):
                 raise InvalidRequest("session has no step indexes left")
             signature = call_signature(session_id, step, tool.name, call.args)
             existing = await q.get_effect_by_signature(org_id, signature)
-            plan = await self._decide_and_apply(q, call, session, step, signature, existing)
+            plan = await self._decide_and_apply(
+                q, call, session, step, signature, existing, numbered=False
+            )
             if plan.decision is not None or plan.error is None:
                 await q.update_session(org_id, session_id, now, last_step=step)
             return plan
@@ -332,7 +334,11 @@ class Engine(Intents):
         step: int,
         signature: str,
         existing: EffectRecord | None,
+        *,
+        numbered: bool = True,
     ) -> Plan:
+        """Decide and write; `numbered`: the caller named the step (a step-less call that a
+        rule denies takes none)."""
         org_id, session_id, tool = session.org_id, session.session_id, call.tool
         for _ in range(2):  # a second round only after losing an insert race
             approval = None
@@ -350,6 +356,7 @@ class Engine(Intents):
             )
             if action is Action.DENY_NEW:
                 assert call.rule is not None
+                await self._record_denial(q, call, call.rule, step if numbered else None, now)
                 return Plan(error=PolicyDenied(call.rule.name, tool.name))
             if action in (Action.EXECUTE_NEW, Action.AWAIT_NEW):
                 plan = await self._insert_new(q, action, call, step, signature, now)

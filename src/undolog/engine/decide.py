@@ -30,7 +30,7 @@ class Action(enum.Enum):
     REJECTED = "rejected"  # 409 approval_rejected
     TIMED_OUT = "timed_out"  # 409 approval_timed_out
     SESSION_CLOSED = "session_closed"  # 409 session_closed
-    DENY_NEW = "deny_new"  # a policy rule denies a new call: 403 policy_denied, nothing written
+    DENY_NEW = "deny_new"  # a policy rule denies a new call: 403 policy_denied, only an event
 
 
 def decide(

@@ -8,6 +8,7 @@ rule:NAME`), so the audit trail shows who let it through (docs/approvals.md).
 from __future__ import annotations
 
 import functools
+import hashlib
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -108,6 +109,23 @@ class Intents(Effects):
             event_json({"approval_id": approval.approval_id, "status": approval.status,
                         "tool_name": call.tool.name, "decided_by": rule.decided_by,
                         "rule": rule.name, "reason": approval.reason}),
+            now,
+        )  # fmt: skip
+
+    async def _record_denial(
+        self, q: Queries, call: Call, rule: Rule, step: int | None, now: int
+    ) -> None:
+        """A new call a `deny` rule refused: only an event (`call_denied`), in the decision's
+        transaction, so the audit shows who asked, for what, and which rule refused; no
+        effect, undo entry or approval (nothing ran). The args are kept as their SHA-256,
+        as the audit keeps a call's."""
+        args_sha256 = hashlib.sha256(call.args_json.encode("utf-8")).hexdigest()
+        by = f"key:{call.actor.key_name}" if call.actor.key_name else None
+        await q.insert_event(
+            call.org_id, EventType.CALL_DENIED, call.session_id, None,
+            event_json({"decision": "denied", "decided_by": rule.decided_by, "rule": rule.name,
+                        "requested_by": by, "tool_name": call.tool.name, "tier": call.tier.value,
+                        "step_index": step, "args_sha256": args_sha256}),
             now,
         )  # fmt: skip
 

@@ -46,6 +46,7 @@ class Actor:
 
     key_id: str | None = None
     own_sessions_only: bool = False
+    key_name: str | None = None  # recorded with what the key asked for (a denied call)
 
     def may_use(self, owner_key_id: str | None) -> bool:
         """Whether this actor may see and use a session owned by `owner_key_id` (None: a

@@ -40,7 +40,7 @@ _FIELDS = frozenset({"name", "tool", "condition", "action", "approvers"})
 
 class RuleAction(enum.StrEnum):
     APPROVE = "approve"  # an IRREVERSIBLE call runs without a person
-    DENY = "deny"  # the call is refused (403 policy_denied), nothing is recorded
+    DENY = "deny"  # the call is refused (403 policy_denied): only a `call_denied` event
     REQUIRE = "require"  # a person must approve, even for a tool that needs none (N of them)
 
 

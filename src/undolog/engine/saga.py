@@ -32,8 +32,10 @@ from undolog.engine.states import (
 from undolog.engine.unwind import (
     LOST_RUN,
     Claim,
+    NotHandedOver,
     StepKind,
     compensation_payload,
+    handed,
     hash_claim_token,
     is_idempotent,
     plan_next,
@@ -191,6 +193,11 @@ class Saga(Repairs):
                     # failed entry still stops the unwinding, so the session stays failed too.
                     await self._fail_session(q, org_id, session_id, now)
                     return RollbackStatus.COMPENSATION_FAILED
+                if step.kind is StepKind.OTHER_RUNNER and runner == ExecutionMode.PROXY:
+                    assert step.entry is not None  # the SDK's: only now may it claim it
+                    await q.update_undo_entry(
+                        org_id, step.entry.entry_id, handed_until_us=now + self.lease_us
+                    )
                 return {
                     StepKind.BUSY: RollbackStatus.BUSY,
                     StepKind.OTHER_RUNNER: RollbackStatus.WAITING_FOR_RUNNER,
@@ -309,7 +316,7 @@ class Saga(Repairs):
         changed = await q.update_undo_entry(
             org_id, entry.entry_id, expect_state=entry.state, last_error=None,
             state=UndoState.RUNNING.value, lease_expires_us=now + self.lease_us, updated_us=now,
-            claim_token_hash=hash_claim_token(token),
+            claim_token_hash=hash_claim_token(token), handed_until_us=None,
         )  # fmt: skip
         if not changed:  # pragma: no cover - we hold the write transaction
             raise InvalidStateTransition(entry.entry_id, entry.state, UndoState.RUNNING.value)
@@ -334,10 +341,12 @@ class Saga(Repairs):
         )
 
     async def claim_entry(self, org_id: str, entry_id: str, runner: str) -> Claim:
-        """Claim a specific entry (the SDK names the one the proxy handed over).
+        """Claim a specific entry (the SDK names the one a rollback handed over).
 
         Raises:
             NotFound: no such entry in this org.
+            NotHandedOver: no rollback handed it to a runner (within a lease), or its
+                hand-off was claimed already.
             InvalidStateTransition: it is not the entry to run next for this runner.
         """
         async with self.store.reader() as q:
@@ -345,6 +354,8 @@ class Saga(Repairs):
             session = await q.get_session(org_id, entry.session_id) if entry else None
         if entry is None or session is None:
             raise NotFound(f"undo entry '{entry_id}' not found")
+        if not handed(entry, self._clock()):  # no claim outside a rollback (docs/undo.md)
+            raise NotHandedOver(entry_id, entry.state)
         # Outside a full rollback, the SDK runs an entry a selective undo handed it.
         rolling_back = session.state in (SessionState.COMPENSATING, SessionState.COMPENSATED)
         only = None if rolling_back else {entry_id}

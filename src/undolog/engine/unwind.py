@@ -22,6 +22,7 @@ import orjson
 
 from undolog.engine.states import EffectState, UndoState
 from undolog.store.records import EffectRecord, UndoEntryRecord
+from undolog_sdk.errors import InvalidStateTransition
 
 _DONE_ENTRY_STATES = frozenset({UndoState.COMPENSATED, UndoState.SKIPPED, UndoState.RESOLVED})
 # Effects whose forward call never took effect: their compensation has nothing to undo.
@@ -100,6 +101,31 @@ class Claim:
     attempts_left: int
     idempotent: bool = False  # the compensation may run again when its outcome is unknown
     token: str = ""
+
+
+class NotHandedOver(InvalidStateTransition):
+    """A claim of an undo entry that no rollback handed to its runner (or whose hand-off
+    lapsed, or was already claimed): 409 `invalid_state_transition`, with a message that says
+    how to get it handed. Without this, an agent could run a compensation outside any
+    rollback, past a selective undo's `dependent_effects` (docs/undo.md)."""
+
+    def __init__(self, entry_id: str, current_state: str) -> None:
+        super().__init__(entry_id, current_state, UndoState.RUNNING.value)
+        self.entry_id = entry_id
+        self.message = (
+            f"Undo entry '{entry_id}' was not handed to a runner: claim it after "
+            "POST /sessions/{id}/rollback answers waiting_for_runner with it as next_entry"
+        )
+        self.args = (self.message,)
+
+    def fields(self) -> dict[str, Any]:
+        return {"entry_id": self.entry_id, "current_state": self.current_state,
+                "target_state": self.target_state}  # fmt: skip
+
+
+def handed(entry: UndoEntryRecord, now_us: int) -> bool:
+    """Whether a rollback handed `entry` to its runner and the hand-off still holds."""
+    return entry.handed_until_us is not None and entry.handed_until_us > now_us
 
 
 LOST_RUN = (

@@ -37,7 +37,7 @@ class Principal:
     def actor(self) -> Actor:
         """What the engine checks: an `agent` key is held to the sessions it created
         (`undolog.engine.owners`); approver and admin keys see the whole org."""
-        return Actor(self.key_id, own_sessions_only=self.role is Role.AGENT)
+        return Actor(self.key_id, own_sessions_only=self.role is Role.AGENT, key_name=self.key_name)
 
     @property
     def decider(self) -> str:

@@ -286,6 +286,7 @@ class Approval(BaseModel):
     reason: str | None
     rule: str | None = Field(description="the policy rule that required or decided it")
     approvers_required: int = Field(description="distinct approver keys it needs")
+    approvals: int = Field(description='approvals so far (a `require` rule\'s "1 of 2")')
     approved_by: list[str | None] = Field(description="who approved so far (`key:NAME`)")
     approved_args: Any = Field(description="the arguments an approver changed the call to")
     args_diff: dict[str, Any] | None = Field(

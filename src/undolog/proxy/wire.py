@@ -195,6 +195,7 @@ def approval_json(approval: ApprovalRecord) -> dict[str, Any]:
         # docs/approvals.md: the rule behind it, its approvers, and an approver's edit.
         "rule": approval.rule,
         "approvers_required": approval.approvers_required,
+        "approvals": len(_loads(approval.approved_by_json) or []),  # so far ("1 of 2")
         "approved_by": [a.get("by") for a in _loads(approval.approved_by_json) or []],
         "approved_args": _loads(approval.approved_args_json),
         "args_diff": (

@@ -34,6 +34,7 @@ MAX_ARGS_CHARS = 1000  # of a call's arguments in a Slack message (the JSON body
 _TITLES = {
     EventType.APPROVAL_REQUIRED.value: "Approval required",
     EventType.APPROVAL_APPROVED.value: "Approved",
+    EventType.APPROVAL_PARTIALLY_APPROVED.value: "Partly approved",
     EventType.APPROVAL_REJECTED.value: "Rejected",
     EventType.APPROVAL_TIMED_OUT.value: "Approval timed out",
     EventType.COMPENSATION_FAILED.value: "Compensation needs a person",
@@ -101,8 +102,16 @@ def _json_body(
             "decided_at": _iso(approval.decided_us),
             "decided_by": approval.decided_by,
             "reason": approval.reason,
+            # Several approvers (a `require` rule): how many so far, of how many, and who.
+            "approvals": len(_approvers(approval)),
+            "approvers_required": approval.approvers_required,
+            "approved_by": _approvers(approval),
         }
     return body
+
+
+def _approvers(approval: ApprovalRecord) -> list[str]:
+    return [str(a.get("by")) for a in orjson.loads(approval.approved_by_json or "[]")]
 
 
 def _escape(text: str) -> str:
@@ -138,6 +147,10 @@ def _slack_body(
         lines.append(f"args: `{_escape(args)}`")
         if approval.decided_by:
             lines.append(f"decided by {_escape(approval.decided_by)}")
+        if event.type == EventType.APPROVAL_PARTIALLY_APPROVED.value:
+            so_far = _approvers(approval)
+            lines.append(f"approvals: {len(so_far)} of {approval.approvers_required} "
+                         f"({_escape(', '.join(so_far))})")  # fmt: skip
         if event.type == EventType.APPROVAL_REQUIRED.value:
             lines.append(f"times out at {_iso(approval.timeout_us)}")
     if event.type == EventType.COMPENSATION_FAILED.value and data.get("error"):

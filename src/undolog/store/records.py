@@ -131,6 +131,7 @@ class UndoEntryRecord:
     runner: str = ExecutionMode.PROXY  # who runs the compensation (ExecutionMode value)
     lease_expires_us: int | None = None  # while claimed (running): when the claim lapses
     claim_token_hash: str | None = None  # while claimed: SHA-256 hex of the holder's token
+    handed_until_us: int | None = None  # a rollback handed it to its runner: claim it till then
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,6 +65,7 @@ UNDO_FIELDS = frozenset(
         "registered_us",
         "lease_expires_us",
         "claim_token_hash",
+        "handed_until_us",
     }
 )
 APPROVAL_FIELDS = frozenset(

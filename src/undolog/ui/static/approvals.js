@@ -5,7 +5,7 @@
 
 import { api, query } from "./api.js";
 import { $, ask, badge, duration, frame, h, pager, pretty, say, shortId, when } from "./dom.js";
-import { argsEditor, editedArgs } from "./editargs.js";
+import { argsDiff, argsEditor, editedArgs, requestedArgs } from "./editargs.js";
 import { approvalsHash } from "./nav.js";
 import { scheduleRefresh, state } from "./state.js";
 
@@ -49,7 +49,7 @@ export async function renderApprovals(view, r, quiet) {
     seen.add(approval.id);
     let card = list.querySelector(`[data-approval="${CSS.escape(approval.id)}"]`);
     if (!card) card = approvalCard(approval, approval.status === "pending");
-    else updateTimes(card);
+    else updateCard(card, approval);
     card.querySelector(".recent").replaceChildren(...recentCalls(approval));
     if (previous) previous.after(card); else list.prepend(card);
     previous = card;
@@ -126,10 +126,22 @@ function ruleRows(a) {
   const rows = [];
   if (a.rule) rows.push(h("dt", {}, "Rule"), h("dd", { class: "rule" }, a.rule));
   if ((a.approvers_required || 1) > 1) {
-    const by = (a.approved_by || []).join(", ");
-    rows.push(h("dt", {}, "Approvers"), h("dd", { class: "approvers" }, `${(a.approved_by || []).length} of ${a.approvers_required}${by ? ` (${by})` : ""}`));
+    rows.push(h("dt", {}, "Approvers"), h("dd", { class: "approvers" }, approversText(a)));
   }
   return rows;
+}
+
+function approversText(a) {
+  const by = (a.approved_by || []).join(", ");
+  return `${(a.approved_by || []).length} of ${a.approvers_required}${by ? ` (${by})` : ""}`;
+}
+
+// A card already on the page, refreshed in place (a reason being typed survives): its times,
+// and its approvers so far (another approver's partial approval, docs/approvals.md).
+function updateCard(card, a) {
+  updateTimes(card);
+  const approvers = card.querySelector(".approvers");
+  if (approvers) approvers.textContent = approversText(a);
 }
 
 // What an approver changed in the arguments: added, removed and changed keys.
@@ -188,7 +200,7 @@ async function decide(a, verdict, card, args) {
   if (reason) body.reason = reason;
   if (args !== undefined) body.args = args; // approve with changes (docs/approvals.md)
   const res = await api(`/approvals/${encodeURIComponent(a.id)}/${verdict}`, { method: "POST", body });
-  state.decided.set(a.id, { approval: a, verdict, reason, res, edited: args !== undefined });
+  state.decided.set(a.id, { approval: a, verdict, reason, res, edited: args !== undefined, args });
   card.remove();
   renderDecided();
   scheduleRefresh();
@@ -200,7 +212,7 @@ function renderDecided() {
   box.replaceChildren(...[...state.decided.values()].reverse().map(decidedCard));
 }
 
-function decidedCard({ approval: a, verdict, reason, res, edited }) {
+function decidedCard({ approval: a, verdict, reason, res, edited, args }) {
   let outcome;
   if (!res.ok) {
     outcome = h("p", { class: "error" }, res.data?.code === "approval_already_resolved"
@@ -214,6 +226,8 @@ function decidedCard({ approval: a, verdict, reason, res, edited }) {
     h("pre", { class: "json result" }, pretty(res.data.result))];
   } else if (res.data.execution === "failed") {
     outcome = h("p", { class: "error" }, "Approved, but the call failed: ", res.data.error);
+  } else if (res.data.execution === "awaiting_approvers") {
+    outcome = h("p", {}, `Approved: ${res.data.approvals} of ${res.data.approvers_required} approvers so far; it runs once the others approve.`);
   } else {
     outcome = h("p", {}, "Approved: the agent runs it on its next retry.");
   }
@@ -221,5 +235,7 @@ function decidedCard({ approval: a, verdict, reason, res, edited }) {
     h("header", {}, h("h2", {}, a.tool_name), " ", badge(verdict === "approve" ? "approved" : "rejected"),
       h("button", { type: "button", class: "secondary dismiss", "aria-label": `Dismiss ${a.tool_name}`,
         onclick: () => { state.decided.delete(a.id); renderDecided(); } }, "Dismiss")),
-    outcome);
+    outcome,
+    // Approved with changes: requested → approved, as the history view shows it (diffView).
+    res.ok && verdict === "approve" && edited ? diffView({ args_diff: argsDiff(requestedArgs(a), args) }) : null);
 }

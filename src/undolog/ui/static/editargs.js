@@ -76,6 +76,27 @@ export function editedArgs(card, a) {
   return { ok: true, args: canonical(value) === canonical(original(a)) ? undefined : value };
 }
 
+// The top-level keys an approver added, removed or changed: the shape of the API's `args_diff`
+// (engine/changes.py `args_diff`), for the card shown right after approving with changes.
+export function argsDiff(requested, approved) {
+  const diff = { added: {}, removed: {}, changed: {} };
+  if (!isObject(requested) || !isObject(approved)) return diff;
+  for (const [k, v] of Object.entries(approved)) if (!(k in requested)) diff.added[k] = v;
+  for (const [k, v] of Object.entries(requested)) {
+    if (!(k in approved)) diff.removed[k] = v;
+    else if (canonical(approved[k]) !== canonical(v)) diff.changed[k] = { from: v, to: approved[k] };
+  }
+  return diff;
+}
+
+export function requestedArgs(a) {
+  return original(a);
+}
+
+function isObject(value) {
+  return value !== null && typeof value === "object" && !Array.isArray(value);
+}
+
 function exact(value) {
   if (typeof value === "number") return Number.isFinite(value) && (!Number.isInteger(value) || Math.abs(value) <= EXACT);
   if (value && typeof value === "object") return Object.values(value).every(exact);

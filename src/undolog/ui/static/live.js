@@ -14,7 +14,8 @@ const EVENT_TYPES = [
   "session_completed", "session_closed", "session_halted", "compensation_started",
   "compensation_completed", "compensation_failed", "compensation_retrying",
   "compensation_skipped", "compensation_retried", "compensation_resolved",
-  "compensation_running", "compensation_compensated",
+  "compensation_running", "compensation_compensated", "call_denied",
+  "approval_partially_approved",
 ];
 export const HISTORY = 50;
 const KEPT = 200;

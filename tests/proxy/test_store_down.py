@@ -1,0 +1,148 @@
+"""The store goes down under a webhook delivery and under a long wait (PostgreSQL).
+
+PostgreSQL is cut off by a TCP forwarder between the proxy and it (tests/support/forwarder.py:
+every open connection dropped, new ones closed as soon as accepted), never by stopping the
+shared server. Every wait is on an event or a poll with a deadline.
+
+- A webhook delivery whose receiver answers while the store is down cannot be marked
+  delivered: the row stays claimed, then due, and once the store is back the receiver gets the
+  event again (the same event id, which receivers deduplicate on) and the row is `delivered`.
+  Nothing is lost.
+- `GET /approvals/{id}?wait=N` while the store is down answers `503 database_error` with a
+  fixed message (no database text), within the wait: the client's read timeout is N plus a
+  margin, so a hang fails the test as a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.proxy.conftest import ProxyHarness, make_settings, new_key, role_keys
+from tests.proxy.test_ready import pg_forwarder
+from tests.proxy.test_webhooks import DEADLINE, FAST, ask_approval
+from tests.support.forwarder import Forwarder
+from tests.support.receiver import Receiver
+from tests.support.servers import ThreadServer, await_until, wait_until
+from undolog.config import OrgConfig
+from undolog.proxy import create_app
+from undolog.webhook_config import WebhookConfig
+
+__all__ = ["pg_forwarder"]  # the fixture, used here
+
+pytestmark = pytest.mark.postgres
+
+# Words of the database's own error texts (tests/proxy/test_ready.py): none may reach a client.
+DATABASE_WORDS = ("locking protocol", "connection", "asyncpg", "sqlite", "refused", "errno",
+                  "postgres", "socket", "closed")  # fmt: skip
+WAIT = 3  # seconds of `?wait=`
+MARGIN = 10.0  # seconds past the wait a client reads before it calls the answer a hang
+
+
+@pytest.fixture
+def proxy_via(
+    pg_forwarder: tuple[Forwarder, str], demo_upstream: ThreadServer, receiver: Receiver
+) -> Iterator[tuple[ProxyHarness, Forwarder]]:
+    """A proxy on PostgreSQL through the forwarder, with a webhook to `receiver`."""
+    forwarder, url = pg_forwarder
+    org_id, admin, agent, approver = f"org-{uuid.uuid4().hex[:12]}", new_key(), new_key(), new_key()
+    hook = WebhookConfig("ops", receiver.url, "whsec_" + "s" * 32, "json")
+    org = OrgConfig(org_id=org_id, keys=role_keys(admin, agent, approver), webhooks=(hook,))
+    # A webhook attempt may take 3 s; a claim holds its row 2 * 3 + 5 s.
+    settings = make_settings(url, demo_upstream.url, (org,), **(FAST | {
+        "webhook_timeout_seconds": 3.0}))  # fmt: skip
+    server = ThreadServer(create_app(settings), settings=settings).start()
+    harness = ProxyHarness(
+        server.url, demo_upstream.url, url, org_id, admin, settings, server=server,
+        agent_key=agent, approver_key=approver,
+    )  # fmt: skip
+    try:
+        harness.register_demo_tools()
+        yield harness, forwarder
+    finally:
+        forwarder.restore()  # so the store can close cleanly
+        server.stop()
+
+
+def rows(proxy: ProxyHarness) -> list[dict[str, Any]]:
+    with proxy.client() as c:
+        response = c.get("/webhooks/deliveries")
+    if response.status_code != 200:
+        return []
+    found: list[dict[str, Any]] = response.json()
+    return found
+
+
+def test_a_delivery_answered_while_the_store_is_down_is_delivered_once_it_is_back(
+    proxy_via: tuple[ProxyHarness, Forwarder], receiver: Receiver
+) -> None:
+    proxy, forwarder = proxy_via
+    receiver.hold = threading.Event()
+    receiver.start()
+    pending = ask_approval(proxy)
+    wait_until(lambda: bool(receiver.at()), timeout=DEADLINE, what="the first POST")
+    forwarder.cut()  # the receiver holds the POST: the store goes down mid-delivery
+    refused_before = forwarder.refused
+    receiver.hold.set()  # 200, but the sender cannot record it
+    wait_until(lambda: forwarder.refused > refused_before, timeout=DEADLINE,
+               what="the proxy to find the store down")  # fmt: skip
+    still_down = rows(proxy)  # the admin list needs the store too
+    forwarder.restore()
+    wait_until(lambda: [r["state"] for r in rows(proxy)] == ["delivered"], timeout=DEADLINE,
+               what="the row delivered once the store is back")  # fmt: skip
+
+    sent = receiver.events("approval_required")
+    assert {e["approval"]["approval_id"] for e in sent} == {pending["approval_id"]}
+    assert len({e["id"] for e in sent}) == 1  # the same event, at least once, never another
+    assert len(sent) >= 2  # answered during the outage, so sent again after it
+    [row] = rows(proxy)
+    assert row["attempts"] == len(sent)
+    assert still_down == []
+
+
+def test_a_long_wait_while_the_store_is_down_is_a_clean_503_within_the_wait(
+    proxy_via: tuple[ProxyHarness, Forwarder], receiver: Receiver
+) -> None:
+    proxy, forwarder = proxy_via
+    receiver.start()
+    approval_id = ask_approval(proxy)["approval_id"]
+    timeout = httpx.Timeout(10.0, read=WAIT + MARGIN)
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response]:
+        headers = {"X-Api-Key": proxy.approver_key}
+        async with httpx.AsyncClient(base_url=proxy.url, headers=headers, timeout=timeout) as c:
+            # Down during the wait: the wait is under way, then the store goes.
+            waiting = asyncio.create_task(c.get(f"/approvals/{approval_id}?wait={WAIT}"))
+            waits = proxy.runtime.waits
+            await await_until(lambda: waits._total == 1, within=DEADLINE,
+                              what="the wait to be under way")  # fmt: skip
+            await asyncio.to_thread(forwarder.cut)
+            during = await waiting
+            # Down before the wait: answered at once, the same way.
+            before = await c.get(f"/approvals/{approval_id}?wait={WAIT}")
+            return during, before
+
+    during, before = asyncio.run(scenario())
+    forwarder.restore()
+    with proxy.client(proxy.approver_key) as c:
+        wait_until(lambda: c.get(f"/approvals/{approval_id}").status_code == 200,
+                   timeout=DEADLINE, what="the store back")  # fmt: skip
+        back = c.get(f"/approvals/{approval_id}").json()
+
+    for answer in (during, before):
+        assert answer.status_code == 503, answer.text
+        body = answer.json()
+        assert set(body) == {"request_id", "code", "message", "timestamp", "retry_after"}, body
+        assert body["code"] == "database_error"
+        assert body["message"] == (
+            f"The store is unavailable right now; retry shortly (request id {body['request_id']})."
+        )
+        assert not any(word in body["message"].lower() for word in DATABASE_WORDS)
+        assert answer.headers["retry-after"] == "1"
+    assert back["status"] == "pending"
