@@ -22,7 +22,7 @@ from undolog.store._sql import EFFECT, SqlQueries
 from undolog.store._sql.rows import FINISHABLE, SDK_RUNNER, UNDO
 from undolog.store.base import StoreBase, load_migrations
 from undolog.store.protocol import ExecuteNew, NewCall, Queries, Store
-from undolog.store.records import EffectRecord, UndoEntryRecord
+from undolog.store.records import SESSION_TOUCH_US, EffectRecord, UndoEntryRecord
 from undolog_sdk.errors import AdvisoryLockTimeout, Database
 from undolog_sdk.wire import SessionState
 
@@ -176,20 +176,20 @@ class _PostgresQueries(SqlQueries):
         owner_only: bool,
     ) -> tuple[ExecuteNew, EffectRecord | None]:
         """`PostgresStore.execute_new`: one call of `undolog_execute_new` (migrations 4, 7, 9,
-        10). The records travel with the call, so they are built before it."""
+        10, 20). The records travel with the call, so they are built before it."""
         e, u, event = new.records()
         replay_states, replay_type, replay_payload = replay
         row = await self._conn.fetchrow(
             "SELECT * FROM undolog_execute_new($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, "
             "$12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, "
-            "$28, $29, $30, $31, $32, $33)",
+            "$28, $29, $30, $31, $32, $33, $34)",
             advisory_key(e.call_signature), e.effect_id, e.org_id, e.session_id, e.step_index,
             e.tool_name, e.tool_version, e.tier, e.call_signature, e.args_json, e.state, e.mode,
             e.attempts, e.lease_expires_us, e.executed_us, e.created_us, *event,
             u and u.entry_id, u and u.fn_name, u and u.fn_version, u and u.args_json,
             u and u.max_retries, u and u.retry_backoff_ms, u and u.registered_us,
             u and u.state, u and u.runner, list(replay_states), replay_type, replay_payload,
-            owner, owner_only, _ACTIVE,
+            owner, owner_only, _ACTIVE, SESSION_TOUCH_US,
         )  # fmt: skip
         assert row is not None
         outcome: ExecuteNew = row[0]
