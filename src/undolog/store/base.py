@@ -43,8 +43,12 @@ class StoreBase(abc.ABC):
 
     def _committed(self, q: Queries) -> None:
         if q.events_written:
-            for callback in list(self.__dict__.get("_event_listeners", ())):
-                callback()
+            self._events_committed()
+
+    def _events_committed(self) -> None:
+        """Events were committed: tell the listeners."""
+        for callback in list(self.__dict__.get("_event_listeners", ())):
+            callback()
 
     async def listen(self, channel: str, callback: Callable[[], None]) -> Callable[[], Any]:
         """Be called when another process announces events (PostgreSQL LISTEN); returns an

@@ -21,8 +21,9 @@ from undolog.store._columns import numbered
 from undolog.store._sql import EFFECT, SqlQueries
 from undolog.store._sql.rows import FINISHABLE, SDK_RUNNER, UNDO
 from undolog.store.base import StoreBase, load_migrations
+from undolog.store.pg_group import SINGLE_SQL, NewCallGroup, Shared, single_args
 from undolog.store.protocol import ExecuteNew, NewCall, Queries, Store
-from undolog.store.records import EffectRecord, UndoEntryRecord
+from undolog.store.records import SESSION_TOUCH_US, EffectRecord, UndoEntryRecord
 from undolog_sdk.errors import AdvisoryLockTimeout, Database
 from undolog_sdk.wire import SessionState
 
@@ -69,6 +70,33 @@ _NEW_UNDO_COLUMNS = (
     "entry_id", "fn_name", "fn_version", "args", "max_retries", "retry_backoff_ms",
     "registered_us", "state", "attempts", "updated_us", "runner",
 )  # fmt: skip
+
+
+def _new_call(
+    new: NewCall, replay: tuple[Collection[str], str, str], owner: str | None, owner_only: bool
+) -> tuple[tuple[Any, ...], Shared]:
+    """The parameters of `undolog_execute_new` (migrations 4, 7, 9, 10, 20) for one call: its
+    own, and those every call shares (`pg_group`). The records travel with the call, so they
+    are built before it."""
+    e, u, event = new.records()
+    replay_states, replay_type, replay_payload = replay
+    args = (
+        advisory_key(e.call_signature), e.effect_id, e.org_id, e.session_id, e.step_index,
+        e.tool_name, e.tool_version, e.tier, e.call_signature, e.args_json, e.state, e.mode,
+        e.attempts, e.lease_expires_us, e.executed_us, e.created_us, *event,
+        u and u.entry_id, u and u.fn_name, u and u.fn_version, u and u.args_json,
+        u and u.max_retries, u and u.retry_backoff_ms, u and u.registered_us,
+        u and u.state, u and u.runner, replay_payload, owner, owner_only,
+    )  # fmt: skip
+    return args, (tuple(replay_states), replay_type, _ACTIVE, SESSION_TOUCH_US)
+
+
+def _outcome(row: Sequence[Any]) -> tuple[ExecuteNew, EffectRecord | None]:
+    outcome: ExecuteNew = row[0]
+    if row[0] == "replayed_unlogged":  # served although its event could not be written
+        outcome = "replayed"
+    found = outcome in ("replayed", "exists")
+    return outcome, EFFECT.row(row[1:]) if found else None
 
 
 class _PostgresQueries(SqlQueries):
@@ -175,29 +203,14 @@ class _PostgresQueries(SqlQueries):
         owner: str | None,
         owner_only: bool,
     ) -> tuple[ExecuteNew, EffectRecord | None]:
-        """`PostgresStore.execute_new`: one call of `undolog_execute_new` (migrations 4, 7, 9,
-        10). The records travel with the call, so they are built before it."""
-        e, u, event = new.records()
-        replay_states, replay_type, replay_payload = replay
-        row = await self._conn.fetchrow(
-            "SELECT * FROM undolog_execute_new($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, "
-            "$12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, "
-            "$28, $29, $30, $31, $32, $33)",
-            advisory_key(e.call_signature), e.effect_id, e.org_id, e.session_id, e.step_index,
-            e.tool_name, e.tool_version, e.tier, e.call_signature, e.args_json, e.state, e.mode,
-            e.attempts, e.lease_expires_us, e.executed_us, e.created_us, *event,
-            u and u.entry_id, u and u.fn_name, u and u.fn_version, u and u.args_json,
-            u and u.max_retries, u and u.retry_backoff_ms, u and u.registered_us,
-            u and u.state, u and u.runner, list(replay_states), replay_type, replay_payload,
-            owner, owner_only, _ACTIVE,
-        )  # fmt: skip
+        """`undolog_execute_new` alone, on this connection (the store's `execute_new` sends
+        it through its `NewCallGroup`)."""
+        args, shared = _new_call(new, replay, owner, owner_only)
+        row = await self._conn.fetchrow(SINGLE_SQL, *single_args(args, shared))
         assert row is not None
-        outcome: ExecuteNew = row[0]
+        outcome, effect = _outcome(tuple(row))
         self.events_written = outcome in ("inserted", "replayed")
-        if row[0] == "replayed_unlogged":  # served although its event could not be written
-            outcome = "replayed"
-        found = outcome in ("replayed", "exists")
-        return outcome, EFFECT.row(row[1:]) if found else None
+        return outcome, effect
 
     async def _fetchrow(self, sql: str, *args: Any) -> Sequence[Any] | None:
         row = await self._conn.fetchrow(numbered(sql), *args)
@@ -226,6 +239,7 @@ class PostgresStore(StoreBase):
     ) -> None:
         self._pool = pool
         self._dsn = dsn
+        self._group = NewCallGroup(pool)
         self.lock_max_attempts = max(1, lock_max_attempts)
         self.lock_retry_ms = max(0, lock_retry_ms)
 
@@ -307,11 +321,18 @@ class PostgresStore(StoreBase):
         owner: str | None = None,
         owner_only: bool = False,
     ) -> tuple[ExecuteNew, EffectRecord | None]:
-        # In autocommit: the call is its own transaction, so the advisory lock it takes is
+        # In autocommit: the statement is its own transaction (alone, or a batch of calls
+        # that waited for one another: `pg_group`), so the advisory locks it takes are
         # released when it returns.
-        async with self.reader() as q:
-            assert isinstance(q, _PostgresQueries)
-            return await q.execute_new(new, replay, owner, owner_only)
+        args, shared = _new_call(new, replay, owner, owner_only)
+        key = (new.org_id, new.session_id, new.call_signature)
+        try:
+            row = await self._group.run(key, args, shared)
+        except _DRIVER_ERRORS as exc:
+            raise Database(str(exc)) from exc
+        if row[0] in ("inserted", "replayed"):  # an event was written
+            self._events_committed()
+        return _outcome(row)
 
     async def listen(self, channel: str, callback: Callable[[], None]) -> Callable[[], Any]:
         """LISTEN on a dedicated connection; `callback` runs on every notification."""

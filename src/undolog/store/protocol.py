@@ -140,7 +140,8 @@ class Queries(OperatorQueries, Protocol):
         state: str = ...,
     ) -> SessionRecord:
         """Create the session if it is new (active, owned by the key id `owner`), note `step`
-        as seen; return it. An existing session keeps its owner."""
+        as seen; return it. An existing session keeps its owner, and its `updated_us` unless
+        that is older than `SESSION_TOUCH_US` (records.py)."""
 
     async def update_session(
         self,
@@ -150,7 +151,9 @@ class Queries(OperatorQueries, Protocol):
         *,
         state: str | None = None,
         last_step: int | None = None,
-    ) -> None: ...
+    ) -> None:
+        """Set the state (`updated_us` = `now_us`) and raise `last_step`; without a state, a
+        touch: `updated_us` moves only when older than `SESSION_TOUCH_US`."""
 
     async def list_sessions(
         self, org_id: str, limit: int = 100, owner: str | None = None

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from undolog_sdk.wire import ExecutionMode
 
 __all__ = [
+    "SESSION_TOUCH_US",
     "ApprovalRecord",
     "AuditHeadRecord",
     "EffectRecord",
@@ -76,6 +77,11 @@ class ToolRecord:
     updated_us: int
 
 
+# A call touches its session's `updated_us` only when it is older than this (microseconds):
+# most calls then change no indexed column of the session row (a HOT update on PostgreSQL).
+SESSION_TOUCH_US = 1_000_000
+
+
 @dataclass(frozen=True, slots=True)
 class SessionRecord:
     org_id: str
@@ -83,6 +89,8 @@ class SessionRecord:
     state: str  # SessionState value
     last_step: int  # highest step index seen; an unnumbered call takes last_step + 1
     created_us: int
+    # Its last change of state, or its last call to within `SESSION_TOUCH_US` (a call moves it
+    # only when it is older than that).
     updated_us: int
     # The id of the API key whose call created it (None: created before owners were kept).
     owner_key_id: str | None = None

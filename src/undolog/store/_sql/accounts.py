@@ -9,6 +9,7 @@ from typing import Any
 
 from undolog.store._sql.rows import AUDIT_HEAD, KEY, ORG, OWNED_BY_SESSION, POLICY, SESSION, TOOL
 from undolog.store.records import (
+    SESSION_TOUCH_US,
     AuditHeadRecord,
     KeyRecord,
     OrgRecord,
@@ -251,13 +252,18 @@ class AccountSql(abc.ABC):
         state: str = SessionState.ACTIVE.value,
     ) -> SessionRecord:
         """Create the session if it is new (active, owned by the key id `owner`), note `step`
-        as seen; return it. An existing session keeps its owner."""
+        as seen; return it. An existing session keeps its owner, and its `updated_us` unless
+        that is older than `SESSION_TOUCH_US`: most touches then change no indexed column
+        (on PostgreSQL a HOT update, which writes no index entry)."""
         row = await self._fetchrow(
             f"INSERT INTO sessions ({SESSION.select()}) VALUES ({SESSION.marks()}) "
             "ON CONFLICT (org_id, session_id) DO UPDATE SET "
             "last_step = CASE WHEN excluded.last_step > sessions.last_step "
             "THEN excluded.last_step ELSE sessions.last_step END, "
-            f"updated_us = excluded.updated_us RETURNING {SESSION.select()}",
+            "updated_us = CASE WHEN sessions.updated_us < "
+            f"excluded.updated_us - {SESSION_TOUCH_US} "
+            "THEN excluded.updated_us ELSE sessions.updated_us END "
+            f"RETURNING {SESSION.select()}",
             *SESSION.values(SessionRecord(org_id, session_id, state, step, now_us, now_us, owner)),
         )
         assert row is not None
@@ -272,14 +278,22 @@ class AccountSql(abc.ABC):
         state: str | None = None,
         last_step: int | None = None,
     ) -> None:
+        """Set the state (and `updated_us`), raise `last_step`. Without a state it is a touch,
+        as in `touch_session`: `updated_us` moves only when older than `SESSION_TOUCH_US`."""
+        touched = "?"
+        if state is None:
+            touched = (
+                f"CASE WHEN updated_us < CAST(? AS BIGINT) - {SESSION_TOUCH_US} "
+                "THEN CAST(? AS BIGINT) ELSE updated_us END"
+            )
         await self._execute(
             "UPDATE sessions SET state = COALESCE(?, state), "
             "last_step = CASE WHEN CAST(? AS BIGINT) > last_step THEN CAST(? AS BIGINT) "
-            "ELSE last_step END, updated_us = ? WHERE org_id = ? AND session_id = ?",
+            f"ELSE last_step END, updated_us = {touched} WHERE org_id = ? AND session_id = ?",
             state,
             last_step,
             last_step,
-            now_us,
+            *((now_us,) if state is not None else (now_us, now_us)),
             org_id,
             session_id,
         )

@@ -1,0 +1,4 @@
+-- Version 20: a call moves its session's `updated_us` only when it is older than a second
+-- (`SESSION_TOUCH_US`); on PostgreSQL that makes the touch a HOT update (its version 20). The
+-- rule is in the shared SQL (`touch_session`), and SQLite's schema does not change: this
+-- version keeps the two dialects' numbers in step. Nothing to run.

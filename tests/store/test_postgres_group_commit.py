@@ -1,0 +1,170 @@
+"""PostgreSQL group commit of new calls (store/pg_group.py): calls that wait for one another
+share one statement, one transaction, one WAL flush; each is answered as if it were alone.
+
+The group counts what it sends (`statements`, `calls`), so a test sees whether calls went
+together without timing anything. Most tests give the group one lane (one statement out at a
+time), so which calls wait, and so go together, is known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import pytest
+
+from tests.store.contract_helpers import make_effect, make_undo
+from undolog.store import NewCall, Store, open_store
+from undolog.store.pg_group import LANES, NewCallGroup
+from undolog.store.postgres import PostgresStore
+from undolog_sdk.errors import Database
+
+REPLAY = (("committed",), "effect_replayed", '{"stage":"replayed"}')
+INTERCEPTED = ("effect_intercepted", '{"stage":"executing"}')
+
+
+@pytest.fixture
+async def pg(pg_url: str) -> AsyncIterator[Store]:
+    store = await open_store(pg_url)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def _group(store: Store) -> NewCallGroup:
+    assert isinstance(store, PostgresStore)
+    return store._group
+
+
+@pytest.fixture
+def one_lane(pg: Store) -> Store:
+    _group(pg).lanes = 1
+    return pg
+
+
+async def _queued(store: Store, count: int) -> None:
+    """Wait (bounded) until `count` calls wait behind the statement that is out."""
+    deadline = time.monotonic() + 10
+    while len(_group(store)._queue) < count:
+        assert time.monotonic() < deadline, "calls never queued"
+        await asyncio.sleep(0)
+
+
+async def test_a_lone_call_goes_alone(pg: Store, org_id: str) -> None:
+    effect = make_effect(org_id)
+    assert await pg.execute_new(NewCall.of(effect, make_undo(effect), INTERCEPTED), REPLAY) == (
+        "inserted",
+        None,
+    )
+    assert (_group(pg).statements, _group(pg).calls) == (1, 1)
+
+
+async def test_up_to_lanes_calls_go_alone_at_once(pg: Store, org_id: str) -> None:
+    effects = [make_effect(org_id) for _ in range(LANES)]
+    outcomes = await asyncio.gather(
+        *(pg.execute_new(NewCall.of(e, None, INTERCEPTED), REPLAY) for e in effects)
+    )
+    assert outcomes == [("inserted", None)] * LANES
+    assert (_group(pg).statements, _group(pg).calls) == (LANES, LANES)
+
+
+async def test_calls_that_wait_for_one_another_share_a_statement_and_all_are_written(
+    pg: Store, org_id: str
+) -> None:
+    effects = [make_effect(org_id) for _ in range(32)]
+    outcomes = await asyncio.gather(
+        *(pg.execute_new(NewCall.of(e, make_undo(e), INTERCEPTED), REPLAY) for e in effects)
+    )
+    assert outcomes == [("inserted", None)] * 32
+    group = _group(pg)
+    assert group.calls == 32
+    assert group.statements < 32  # the first alone, the others together
+    async with pg.reader() as q:
+        for effect in effects:
+            assert await q.get_effect(org_id, effect.effect_id) == effect
+            session = await q.get_session(org_id, effect.session_id)
+            assert session is not None and session.last_step == effect.step_index
+            undo = await q.list_undo_entries(org_id, effect.session_id)
+            assert [u.effect_id for u in undo] == [effect.effect_id]
+            events = await q.list_events(org_id, session_id=effect.session_id)
+            assert [(e.type, e.payload_json) for e in events] == [INTERCEPTED]
+
+
+async def test_a_duplicate_in_the_same_batch_finds_the_call_before_it(
+    one_lane: Store, org_id: str
+) -> None:
+    pg = one_lane
+    first = make_effect(org_id)
+    call = make_effect(org_id)
+    twin = make_effect(org_id, session_id=call.session_id, call_signature=call.call_signature)
+    lone = asyncio.create_task(pg.execute_new(NewCall.of(first, None, INTERCEPTED), REPLAY))
+    one = asyncio.create_task(pg.execute_new(NewCall.of(call, None, INTERCEPTED), REPLAY))
+    two = asyncio.create_task(pg.execute_new(NewCall.of(twin, None, INTERCEPTED), REPLAY))
+    answers = await asyncio.gather(lone, one, two)
+    assert (_group(pg).statements, _group(pg).calls) == (2, 3)
+    assert answers[0] == ("inserted", None)
+    # Whichever of the two went first is inserted; the other finds it, executing.
+    outcomes = sorted(answers[1:], key=lambda a: a[0])
+    assert outcomes[0][0] == "exists" and outcomes[1] == ("inserted", None)
+    found = outcomes[0][1]
+    assert found is not None and found.state == "executing"
+    async with pg.reader() as q:
+        kept = [await q.get_effect(org_id, e.effect_id) for e in (call, twin)]
+    assert [k is not None for k in kept].count(True) == 1
+    assert found.effect_id in {call.effect_id, twin.effect_id}
+
+
+async def test_a_failing_call_fails_alone_and_its_batch_is_written(
+    one_lane: Store, org_id: str
+) -> None:
+    pg = one_lane
+    first = make_effect(org_id)
+    undo = make_undo(first)
+    bad = make_effect(org_id)
+    bad_undo = make_undo(bad)
+    # The same undo entry id twice: the second insert breaks its UNIQUE constraint.
+    bad_undo = replace(bad_undo, entry_id=undo.entry_id)
+    good = make_effect(org_id)
+    calls = [
+        pg.execute_new(NewCall.of(first, undo, INTERCEPTED), REPLAY),
+        pg.execute_new(NewCall.of(bad, bad_undo, INTERCEPTED), REPLAY),
+        pg.execute_new(NewCall.of(good, make_undo(good), INTERCEPTED), REPLAY),
+    ]
+    answers = await asyncio.gather(*calls, return_exceptions=True)
+    assert answers[0] == ("inserted", None)
+    assert isinstance(answers[1], Database)
+    assert answers[2] == ("inserted", None)
+    # first alone; bad and good together (refused: nothing written), then each alone
+    assert (_group(pg).statements, _group(pg).calls) == (4, 5)
+    async with pg.reader() as q:
+        assert await q.get_effect(org_id, bad.effect_id) is None
+        assert await q.get_session(org_id, bad.session_id) is None
+        assert await q.get_effect(org_id, good.effect_id) == good
+
+
+async def test_a_caller_cancelled_while_it_waits_is_left_out_and_the_others_go(
+    one_lane: Store, org_id: str
+) -> None:
+    pg = one_lane
+    first, dropped, kept = (make_effect(org_id) for _ in range(3))
+    lone = asyncio.create_task(pg.execute_new(NewCall.of(first, None, INTERCEPTED), REPLAY))
+    await _queued(pg, 0)
+    gone = asyncio.create_task(pg.execute_new(NewCall.of(dropped, None, INTERCEPTED), REPLAY))
+    stays = asyncio.create_task(pg.execute_new(NewCall.of(kept, None, INTERCEPTED), REPLAY))
+    await _queued(pg, 2)
+    gone.cancel()
+    assert await lone == ("inserted", None)
+    assert await stays == ("inserted", None)
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    async with pg.reader() as q:
+        assert await q.get_effect(org_id, dropped.effect_id) is None
+        assert await q.get_effect(org_id, kept.effect_id) == kept
+    # The next lone call goes alone again: nothing was stranded.
+    again = make_effect(org_id)
+    before = _group(pg).statements
+    assert await pg.execute_new(NewCall.of(again, None, INTERCEPTED), REPLAY) == ("inserted", None)
+    assert _group(pg).statements == before + 1
