@@ -146,3 +146,30 @@ def test_a_long_wait_while_the_store_is_down_is_a_clean_503_within_the_wait(
         assert not any(word in body["message"].lower() for word in DATABASE_WORDS)
         assert answer.headers["retry-after"] == "1"
     assert back["status"] == "pending"
+
+
+def test_a_tool_call_while_the_store_is_down_names_no_database_text(
+    proxy_via: tuple[ProxyHarness, Forwarder], receiver: Receiver
+) -> None:
+    """The engine's own failure on a call (`502 intercept_failed`, or `503 database_error`
+    when the tool's lookup meets the outage first) is told in fixed words; the driver's text
+    goes to the log only."""
+    proxy, forwarder = proxy_via
+    receiver.start()
+    session_id = str(uuid.uuid4())
+    with proxy.client(proxy.agent_key) as c:
+        first = {"session_id": session_id, "tool_name": "echo", "step_index": 1, "args": {}}
+        assert c.post("/mcp/tool_call", json=first).status_code == 200  # the tool is cached
+        forwarder.cut()
+        answers = [
+            c.post("/mcp/tool_call", json=first | {"step_index": step, "args": {"n": step}})
+            for step in (2, 3)
+        ]
+    forwarder.restore()
+
+    for answer in answers:
+        body = answer.json()
+        assert (answer.status_code, body["code"]) in {
+            (502, "intercept_failed"), (503, "database_error")
+        }, answer.text  # fmt: skip
+        assert not any(word in body["message"].lower() for word in DATABASE_WORDS), body

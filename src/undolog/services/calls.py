@@ -119,8 +119,18 @@ def refused(exc: UndoLogError, log: Any) -> CallOutcome:
     """A call the engine would not take: refused, or the engine's own failure (logged)."""
     if isinstance(exc, _ENGINE_FAILURES):
         log.warning("intercept_failed", error=exc.message)
-        return CallOutcome(CallStatus.INTERCEPT_FAILED, error=InterceptFailed(exc.message))
+        return CallOutcome(CallStatus.INTERCEPT_FAILED, error=InterceptFailed(told(exc)))
     return CallOutcome(CallStatus.REFUSED, error=exc)
+
+
+def told(exc: UndoLogError) -> str:
+    """What a client is told of the engine's own failure: UndoLog's words, never the text of
+    a driver or a database (that goes to the log)."""
+    if isinstance(exc, Database):
+        return "The store could not take the call right now; retry shortly."
+    if isinstance(exc, Internal):
+        return "UndoLog failed on this call; retry shortly (the details are in its log)."
+    return exc.message
 
 
 async def run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcome:
@@ -312,7 +322,7 @@ async def _run_and_settle(
         if recorded is not None:  # another run of this effect committed first: its result
             return Execution(recorded, None, replayed=True)
         log.error("commit_failed", error=exc.message)
-        return Execution(None, CommitFailed(exc.message))
+        return Execution(None, CommitFailed(told(exc)))
     crash_point("after_commit")
     return Execution(result_json, None)
 
