@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 
 import pytest
 
 from tests.store.contract_helpers import NOW
+from tests.store.test_mcp_tasks import TASK
 from tests.support.retention import add_org, bulk_seed, seed, still_there
 from undolog.engine.retention import DAY_US, PruneCounts, Retention
 from undolog.store import Store, open_store
@@ -202,3 +204,25 @@ async def test_two_pruners_at_once_share_the_work_and_count_each_row_once(
     total = reports[0][org] + reports[1][org]
     assert total == PruneCounts(sessions=300, effects=600, events=600)
     assert (await pruner(store).prune(org))[org] == PruneCounts()
+
+
+async def test_expired_mcp_tasks_go_in_batches_whatever_the_org_keeps(
+    store: Store, org: str
+) -> None:
+    """Tasks live for their ttl, not the org's retention: every org's expired rows go."""
+    forever = f"org-{uuid.uuid4().hex[:12]}"
+    await add_org(store, forever, None)
+    expired = [
+        replace(TASK, task_id=str(uuid.uuid4()), org_id=owner, expires_us=LATER - 1)
+        for owner in (org, forever)
+        for _ in range(3)
+    ]
+    alive = replace(TASK, task_id=str(uuid.uuid4()), org_id=forever, expires_us=LATER + 1)
+    async with store.transaction() as q:
+        for task in (*expired, alive):
+            await q.insert_mcp_task(task)
+    assert await pruner(store).expire_tasks(batch_size=2) >= len(expired)
+    async with store.reader() as q:
+        for task in expired:
+            assert await q.get_mcp_task(task.org_id, task.task_id) is None
+        assert await q.get_mcp_task(forever, alive.task_id) == alive

@@ -11,6 +11,7 @@ import asyncio
 import re
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from tests.proxy.conftest import (
     role_keys,
 )
 from tests.store.contract_helpers import NOW
+from tests.store.test_mcp_tasks import TASK  # expired by the wall clock: NOW is 2023
 from tests.support.retention import bulk_seed
 from tests.support.servers import ThreadServer, await_until
 from undolog.config import OrgConfig
@@ -136,6 +138,9 @@ async def test_the_proxy_sweep_prunes_and_counts_it_in_metrics(
     org_id, key = f"org-{uuid.uuid4().hex[:12]}", new_key()
     store = await open_store(own_url)  # the schema, before the rows
     await store.migrate()
+    async with store.transaction() as q:  # MCP tasks past their ttl (any org's go)
+        for _ in range(3):
+            await q.insert_mcp_task(replace(TASK, task_id=str(uuid.uuid4()), org_id=org_id))
     await store.close()
     await bulk_seed(own_url, org_id, 40, 2, at=NOW)
     server = start_proxy(own_url, demo_upstream.url, org_id, key, retention_sweep_seconds=0.1)
@@ -146,8 +151,10 @@ async def test_the_proxy_sweep_prunes_and_counts_it_in_metrics(
                 return pruned_metric(client.get("/metrics").text)
 
             await await_until(
-                lambda: metric().get("events") == 80.0, what="the sweep's pruned rows", within=30
+                lambda: metric().get("events") == 80.0 and metric().get("mcp_tasks") == 3.0,
+                what="the sweep's pruned rows",
+                within=30,
             )
-            assert metric() == {"sessions": 40.0, "effects": 80.0, "events": 80.0}
+            assert metric() == {"sessions": 40.0, "effects": 80.0, "events": 80.0, "mcp_tasks": 3.0}
     finally:
         server.stop()

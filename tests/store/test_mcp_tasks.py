@@ -55,3 +55,21 @@ async def test_expired_tasks_are_deleted_in_bounded_batches(store: Store) -> Non
     async with store.reader() as q:
         assert await q.get_mcp_task(org_id, alive.task_id) == alive
         assert await q.get_mcp_task(other, elsewhere.task_id) == elsewhere
+
+
+async def test_the_sweep_deletes_every_orgs_expired_tasks_in_bounded_batches(store: Store) -> None:
+    orgs = [new_org() for _ in range(2)]
+    expired = [_task(org, expires_us=NOW + i) for org in orgs for i in range(2)]
+    alive = [_task(org, expires_us=NOW + 10_000) for org in orgs]
+    async with store.transaction() as q:
+        for task in (*expired, *alive):
+            await q.insert_mcp_task(task)
+    async with store.transaction() as q:
+        assert await q.delete_expired_mcp_tasks(None, NOW + 100, 1) == 1  # bounded
+    async with store.transaction() as q:
+        await q.delete_expired_mcp_tasks(None, NOW + 100, 1_000)
+    async with store.reader() as q:
+        for task in expired:
+            assert await q.get_mcp_task(task.org_id, task.task_id) is None
+        for task in alive:
+            assert await q.get_mcp_task(task.org_id, task.task_id) == task

@@ -12,6 +12,9 @@ may go once it is over and its org's `retention_days` have passed since its last
 It goes with its effects, undo entries and approvals, one batch of sessions per transaction,
 so a call waits for one short batch at most. Events go afterwards, walked in id order: an
 event older than the retention goes when its session is gone (or it has none).
+
+MCP tasks (migration 19) are not kept by retention but by their own `ttl`: `expire_tasks`
+deletes every org's expired task rows, a batch at a time, in the same sweep.
 """
 
 from __future__ import annotations
@@ -158,6 +161,19 @@ class Retention:
                 org, retention_days, batch_size=batch_size, dry_run=dry_run, on_batch=on_batch
             )
         return report
+
+    async def expire_tasks(self, *, batch_size: int = DEFAULT_BATCH_SIZE) -> int:
+        """Delete every org's MCP task rows whose ttl has passed, a batch per transaction
+        (an org's own go also as it creates a task); how many went."""
+        now = self._clock()
+        total = 0
+        while True:
+            async with self.store.transaction() as q:
+                gone = await q.delete_expired_mcp_tasks(None, now, batch_size)
+            total += gone
+            if gone < batch_size:
+                return total
+            await asyncio.sleep(0)  # let waiting calls in before the next batch
 
     async def prune_org(
         self,

@@ -92,8 +92,9 @@ async def sweep_leases_forever(runtime: Runtime, interval_seconds: float) -> Non
 
 
 async def prune_once(runtime: Runtime, retention: Retention, batch_size: int) -> PruneCounts:
-    """One retention round over every org that has one; counts each committed batch in
-    `undolog_proxy_pruned_rows_total` as it goes. Returns what went, all orgs together."""
+    """One retention round over every org that has one, then every org's expired MCP tasks;
+    counts each committed batch in `undolog_proxy_pruned_rows_total` as it goes. Returns
+    what retention let go, all orgs together."""
 
     def counted(org_id: str, counts: PruneCounts) -> None:
         for table, rows in counts.as_dict().items():
@@ -101,6 +102,10 @@ async def prune_once(runtime: Runtime, retention: Retention, batch_size: int) ->
                 runtime.metrics.pruned_rows.labels(table).inc(rows)
 
     report = await retention.prune(batch_size=batch_size, on_batch=counted)
+    tasks = await retention.expire_tasks(batch_size=batch_size)
+    if tasks:
+        runtime.metrics.pruned_rows.labels("mcp_tasks").inc(tasks)
+        runtime.log.info("mcp_tasks_expired", rows=tasks)
     total = PruneCounts()
     for org_id, counts in report.items():
         total += counts

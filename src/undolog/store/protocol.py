@@ -298,8 +298,9 @@ class Queries(OperatorQueries, Protocol):
 
     async def get_mcp_task(self, org_id: str, task_id: str) -> McpTaskRecord | None: ...
 
-    async def delete_expired_mcp_tasks(self, org_id: str, now_us: int, limit: int) -> int:
-        """Delete up to `limit` of the org's tasks whose `expires_us` has passed."""
+    async def delete_expired_mcp_tasks(self, org_id: str | None, now_us: int, limit: int) -> int:
+        """Delete up to `limit` of the org's tasks (None: any org's) whose `expires_us` has
+        passed."""
 
     async def get_approval_for_effect(
         self, org_id: str, effect_id: str

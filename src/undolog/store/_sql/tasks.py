@@ -1,7 +1,8 @@
 """Shared SQL, part 4: MCP tasks (migration 19, docs/mcp.md "MCP Tasks").
 
 A task is read by its id within an org; who may see it (its owner key) is the caller's rule.
-Expired rows go a bounded batch at a time.
+Expired rows go a bounded batch at a time: an org's as it creates a task, every org's in
+the retention sweep.
 """
 
 from __future__ import annotations
@@ -36,8 +37,16 @@ class TaskSql(abc.ABC):
         )
         return TASK.row(row) if row else None
 
-    async def delete_expired_mcp_tasks(self, org_id: str, now_us: int, limit: int) -> int:
-        """Delete up to `limit` of the org's tasks whose `expires_us` has passed."""
+    async def delete_expired_mcp_tasks(self, org_id: str | None, now_us: int, limit: int) -> int:
+        """Delete up to `limit` of the org's tasks (None: any org's) whose `expires_us` has
+        passed."""
+        if org_id is None:  # the retention sweep: no index, but the table holds live tasks only
+            return await self._execute(
+                "DELETE FROM mcp_tasks WHERE task_id IN (SELECT task_id FROM mcp_tasks "
+                "WHERE expires_us <= ? LIMIT ?)",
+                now_us,
+                limit,
+            )
         return await self._execute(
             "DELETE FROM mcp_tasks WHERE task_id IN (SELECT task_id FROM mcp_tasks "
             "WHERE org_id = ? AND expires_us <= ? LIMIT ?)",
