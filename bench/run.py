@@ -51,6 +51,7 @@ from anchor import (
     print_anchor,
     start_anchor,
 )
+from proxy_profile import profile_parts
 from targets import check_targets
 
 HERE = Path(__file__).resolve().parent
@@ -450,8 +451,10 @@ async def measure_store(
                 print(anchor_missing_row(store, concurrency, anchor.reason), flush=True)
         if spy is not None:
             stop_child(spy)
+        recording = py_spy / f"proxy-{store}.txt" if py_spy is not None else None
         totals = await bench.scrape()
         return {
+            "proxy_profile": profile_parts(recording) if recording and recording.exists() else {},
             "rows": [
                 summarise(store, c, s, tallies[(c, s)]) for c in concurrencies for s in scenarios
             ],
@@ -706,6 +709,11 @@ async def main(args: argparse.Namespace) -> int:
                 print(
                     f"  {store:<9} {_short(series):<40} mean {m['mean_ms']:7.3f} n={m['count']:.0f}"
                 )
+    profiles = {s: results[s]["proxy_profile"] for s in stores if results[s]["proxy_profile"]}
+    if profiles:
+        print("\nWhere the proxy's CPU goes (py-spy: share of the samples holding the GIL):")
+        for store, shares in profiles.items():
+            print(f"  {store:<9} " + "  ".join(f"{k} {v:.0%}" for k, v in shares.items()))
     if scaling_rows:
         import scaling
 
@@ -733,6 +741,7 @@ async def main(args: argparse.Namespace) -> int:
         "anchor": anchors,
         "targets": verdicts,
         "proxy_metrics_whole_run": {s: results[s]["metrics_means_whole_run"] for s in stores},
+        "proxy_profile": profiles,
     }
     if not args.no_save:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
