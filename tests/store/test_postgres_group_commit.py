@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import replace
+from typing import Any
 
 import asyncpg
 import pytest
 
 from tests.store.contract_helpers import (
+    NOW,
     effect_events,
     finish,
     make_effect,
@@ -303,45 +306,78 @@ async def test_a_finish_cancelled_while_it_waits_is_left_out_and_the_others_go(
     assert _finishes(pg).statements == before + 1
 
 
-async def test_a_batch_whose_connection_is_lost_is_not_sent_again(
+@asynccontextmanager
+async def _row_held(
+    pg_url: str, sql: str, *args: Any
+) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """Another transaction holds a row (`sql` locks it) while the block runs; it yields a
+    function that waits (bounded) for the backend blocked on that row and terminates it."""
+    holder = await asyncpg.connect(pg_url)
+    try:
+        async with holder.transaction():
+            await holder.execute(sql, *args)
+
+            async def terminate_blocked() -> None:
+                deadline = time.monotonic() + 10
+                while True:
+                    pid = await holder.fetchval(
+                        "SELECT pid FROM pg_stat_activity "
+                        "WHERE pg_backend_pid() = ANY (pg_blocking_pids(pid))"
+                    )
+                    if pid is not None:
+                        break
+                    assert time.monotonic() < deadline, "nothing waited on the row"
+                    await asyncio.sleep(0.01)
+                assert await holder.fetchval("SELECT pg_terminate_backend($1)", pid)
+
+            yield terminate_blocked
+    finally:
+        await holder.close()
+
+
+async def test_a_batch_of_new_calls_whose_backend_is_terminated_is_not_sent_again(
     one_lane: Store, pg_url: str, org_id: str
 ) -> None:
     pg = one_lane
-    first, locked, other = await running_effects(pg, org_id, 3)
-    holder = await asyncpg.connect(pg_url)
-    try:
-        # Another transaction holds one effect's row: the batch waits on it, under way.
-        tx = holder.transaction()
-        await tx.start()
-        await holder.execute(
-            "SELECT 1 FROM effects WHERE effect_id = $1 FOR UPDATE", locked.effect_id
-        )
+    first, blocked, other = (make_effect(org_id) for _ in range(3))
+    async with pg.transaction() as q:
+        await q.touch_session(org_id, blocked.session_id, 0, NOW)
+    lock = "SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE"
+    async with _row_held(pg_url, lock, blocked.session_id) as terminate_blocked:
         answers = asyncio.gather(
-            finish(pg, org_id, first.effect_id),
-            finish(pg, org_id, locked.effect_id),
-            finish(pg, org_id, other.effect_id),
+            *(
+                pg.execute_new(NewCall.of(e, None, INTERCEPTED), REPLAY)
+                for e in (first, blocked, other)
+            ),
             return_exceptions=True,
         )
-        deadline = time.monotonic() + 10
-        while True:
-            # The backend that waits for this connection's lock: the batch's.
-            pid = await holder.fetchval(
-                "SELECT pid FROM pg_stat_activity "
-                "WHERE pg_backend_pid() = ANY (pg_blocking_pids(pid))"
-            )
-            if pid is not None:
-                break
-            assert time.monotonic() < deadline, "the batch never waited on the lock"
-            await asyncio.sleep(0.01)
-        assert await holder.fetchval("SELECT pg_terminate_backend($1)", pid)
+        await terminate_blocked()
         results = await answers
-        await tx.rollback()
-    finally:
-        await holder.close()
+    assert results[0] == ("inserted", None)
+    assert isinstance(results[1], Database) and isinstance(results[2], Database)
+    assert (_group(pg).statements, _group(pg).calls) == (2, 3)  # the batch went once
+    async with pg.reader() as q:
+        assert await q.get_effect(org_id, blocked.effect_id) is None
+        assert await q.get_effect(org_id, other.effect_id) is None
+
+
+async def test_a_batch_of_finishes_whose_backend_is_terminated_is_not_sent_again(
+    one_lane: Store, pg_url: str, org_id: str
+) -> None:
+    pg = one_lane
+    first, blocked, other = await running_effects(pg, org_id, 3)
+    lock = "SELECT 1 FROM effects WHERE effect_id = $1 FOR UPDATE"
+    async with _row_held(pg_url, lock, blocked.effect_id) as terminate_blocked:
+        answers = asyncio.gather(
+            *(finish(pg, org_id, e.effect_id) for e in (first, blocked, other)),
+            return_exceptions=True,
+        )
+        await terminate_blocked()
+        results = await answers
     assert isinstance(results[0], EffectRecord)
     assert isinstance(results[1], Database) and isinstance(results[2], Database)
     assert (_finishes(pg).statements, _finishes(pg).calls) == (2, 3)  # the batch went once
     async with pg.reader() as q:
-        for effect in (locked, other):
+        for effect in (blocked, other):
             current = await q.get_effect(org_id, effect.effect_id)
             assert current is not None and current.state == "executing"
