@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable
 from dataclasses import replace
 from typing import Any
 
@@ -111,3 +112,34 @@ async def add_org(store: Store, org_id: str, *, timeout_s: int = 3600) -> None:
 async def add_effect(store: Store, effect: EffectRecord) -> None:
     async with store.transaction() as q:
         assert await q.insert_effect(effect)
+
+
+# A finish as the tests send it (`Store.finish_effect`): a commit, unless changed.
+FINISHED_US = NOW + 5
+COMMIT_RESULT = '{"success":true,"output":1,"error":null}'
+
+
+async def running_effects(store: Store, org_id: str, count: int) -> list[EffectRecord]:
+    """`count` executing effects, each in a session of its own."""
+    effects = [make_effect(org_id) for _ in range(count)]
+    async with store.transaction() as q:
+        for effect in effects:
+            await q.touch_session(org_id, effect.session_id, effect.step_index, NOW)
+            assert await q.insert_effect(effect)
+    return effects
+
+
+def finish(store: Store, org_id: str, effect_id: str, **changes: Any) -> Awaitable[Any]:
+    """`Store.finish_effect` committing the effect with `COMMIT_RESULT` (or as `changes` say)."""
+    kwargs: dict[str, Any] = {
+        "target": "committed", "result_json": COMMIT_RESULT, "error": None,
+        "now_us": FINISHED_US, "event_type": "effect_committed", "extra": {},
+    }  # fmt: skip
+    return store.finish_effect(org_id, effect_id, **(kwargs | changes))
+
+
+async def effect_events(store: Store, org_id: str, effect_id: str) -> list[tuple[str, str]]:
+    """The (type, payload) of an effect's events, oldest first."""
+    async with store.reader() as q:
+        events = await q.list_events(org_id)
+    return [(e.type, e.payload_json) for e in events if e.effect_id == effect_id]

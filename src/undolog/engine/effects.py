@@ -362,14 +362,19 @@ class Effects(Registry):
             extra["undo"] = "skipped: the tool reported a logical failure"
         committed = target is EffectState.COMMITTED
         event = EventType.EFFECT_COMMITTED if committed else EventType.EFFECT_FAILED
-        scope = self.store.atomic() if undoable else self.store.transaction()
-        async with scope as q:
-            effect = await q.finish_effect(
+        if undoable:  # one statement, which the store may send with others (group commit)
+            effect = await self.store.finish_effect(
                 org_id, effect_id, target=target.value, result_json=result_json, error=error,
                 now_us=now, event_type=event, extra=extra,
             )  # fmt: skip
-            if effect is not None and not undoable:
-                await q.skip_pending_undo_entries(org_id, effect_id, now)
+        else:
+            async with self.store.transaction() as q:
+                effect = await q.finish_effect(
+                    org_id, effect_id, target=target.value, result_json=result_json,
+                    error=error, now_us=now, event_type=event, extra=extra,
+                )  # fmt: skip
+                if effect is not None:
+                    await q.skip_pending_undo_entries(org_id, effect_id, now)
         if effect is None:
             current = await self.get_effect(org_id, effect_id)  # NotFound if there is none
             check_effect_transition(effect_id, current.state, target.value)

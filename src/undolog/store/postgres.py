@@ -21,7 +21,7 @@ from undolog.store._columns import numbered
 from undolog.store._sql import EFFECT, SqlQueries
 from undolog.store._sql.rows import FINISHABLE, SDK_RUNNER, UNDO
 from undolog.store.base import StoreBase, load_migrations
-from undolog.store.pg_group import SINGLE_SQL, NewCallGroup, Shared, single_args
+from undolog.store.pg_group import FINISH, NEW_CALL, CallGroup
 from undolog.store.protocol import ExecuteNew, NewCall, Queries, Store
 from undolog.store.records import SESSION_TOUCH_US, EffectRecord, UndoEntryRecord
 from undolog_sdk.errors import AdvisoryLockTimeout, Database
@@ -74,7 +74,7 @@ _NEW_UNDO_COLUMNS = (
 
 def _new_call(
     new: NewCall, replay: tuple[Collection[str], str, str], owner: str | None, owner_only: bool
-) -> tuple[tuple[Any, ...], Shared]:
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """The parameters of `undolog_execute_new` (migrations 4, 7, 9, 10, 20) for one call: its
     own, and those every call shares (`pg_group`). The records travel with the call, so they
     are built before it."""
@@ -97,6 +97,29 @@ def _outcome(row: Sequence[Any]) -> tuple[ExecuteNew, EffectRecord | None]:
         outcome = "replayed"
     found = outcome in ("replayed", "exists")
     return outcome, EFFECT.row(row[1:]) if found else None
+
+
+def _finish(
+    org_id: str,
+    effect_id: str,
+    target: str,
+    result_json: str | None,
+    error: str | None,
+    now_us: int,
+    event_type: str,
+    extra: dict[str, Any],
+    from_states: Sequence[str],
+    self_reporting_mode: str,
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The parameters of `undolog_finish_effect` (migration 22) for one call: its own, and
+    those every call of a batch shares (`pg_group`)."""
+    extra_json = orjson.dumps(extra).decode()
+    args = (org_id, effect_id, target, result_json, error, now_us, event_type, extra_json)
+    return args, (tuple(from_states), self_reporting_mode)
+
+
+_NEW_CALL_SQL = NEW_CALL.single_sql()
+_FINISH_SQL = FINISH.single_sql()
 
 
 class _PostgresQueries(SqlQueries):
@@ -138,29 +161,14 @@ class _PostgresQueries(SqlQueries):
         from_states: Sequence[str] = FINISHABLE,
         self_reporting_mode: str = SDK_RUNNER,
     ) -> EffectRecord | None:
-        # One statement (so no BEGIN/COMMIT round trips): the update and its event row.
-        self.events_written = True
-        row = await self._conn.fetchrow(
-            "WITH u AS (UPDATE effects SET state = $1, result = $2, error = $3, "
-            "lease_expires_us = NULL, finished_us = $4, updated_us = $4, "
-            "delivered_us = CASE WHEN mode = $9 THEN $4 ELSE delivered_us END "
-            "WHERE org_id = $5 AND effect_id = $6 AND state = ANY($10::text[]) "
-            f"RETURNING {EFFECT.select()}), "
-            "e AS (INSERT INTO events (org_id, type, session_id, effect_id, payload, created_us) "
-            "SELECT org_id, $7, session_id, effect_id, (jsonb_build_object('stage', $1::text, "
-            "'tool_name', tool_name, 'attempt', attempts) || $8::jsonb)::text, $4 FROM u) "
-            f"SELECT {EFFECT.select()} FROM u",
-            target,
-            result_json,
-            error,
-            now_us,
-            org_id,
-            effect_id,
-            event_type,
-            orjson.dumps(extra).decode(),
-            self_reporting_mode,
-            list(from_states),
-        )
+        """`undolog_finish_effect` alone, on this connection (the store's `finish_effect`
+        sends it through its group): the update and its event row in one statement."""
+        args, shared = _finish(
+            org_id, effect_id, target, result_json, error, now_us, event_type, extra,
+            from_states, self_reporting_mode,
+        )  # fmt: skip
+        row = await self._conn.fetchrow(_FINISH_SQL, *FINISH.single_args(args, shared))
+        self.events_written = row is not None
         return EFFECT.row(row) if row is not None else None
 
     async def insert_executing_effect(
@@ -204,9 +212,9 @@ class _PostgresQueries(SqlQueries):
         owner_only: bool,
     ) -> tuple[ExecuteNew, EffectRecord | None]:
         """`undolog_execute_new` alone, on this connection (the store's `execute_new` sends
-        it through its `NewCallGroup`)."""
+        it through its group of new calls)."""
         args, shared = _new_call(new, replay, owner, owner_only)
-        row = await self._conn.fetchrow(SINGLE_SQL, *single_args(args, shared))
+        row = await self._conn.fetchrow(_NEW_CALL_SQL, *NEW_CALL.single_args(args, shared))
         assert row is not None
         outcome, effect = _outcome(tuple(row))
         self.events_written = outcome in ("inserted", "replayed")
@@ -239,7 +247,8 @@ class PostgresStore(StoreBase):
     ) -> None:
         self._pool = pool
         self._dsn = dsn
-        self._group = NewCallGroup(pool)
+        self._group = CallGroup(pool, NEW_CALL)
+        self._finishes = CallGroup(pool, FINISH)
         self.lock_max_attempts = max(1, lock_max_attempts)
         self.lock_retry_ms = max(0, lock_retry_ms)
 
@@ -330,9 +339,39 @@ class PostgresStore(StoreBase):
             row = await self._group.run(key, args, shared)
         except _DRIVER_ERRORS as exc:
             raise Database(str(exc)) from exc
+        assert row is not None  # every way out of the function answers a row
         if row[0] in ("inserted", "replayed"):  # an event was written
             self._events_committed()
         return _outcome(row)
+
+    async def finish_effect(
+        self,
+        org_id: str,
+        effect_id: str,
+        *,
+        target: str,
+        result_json: str | None,
+        error: str | None,
+        now_us: int,
+        event_type: str,
+        extra: dict[str, Any],
+        from_states: Sequence[str] = FINISHABLE,
+        self_reporting_mode: str = SDK_RUNNER,
+    ) -> EffectRecord | None:
+        # In autocommit, as `execute_new`: alone, or in a batch of finishes that waited for
+        # one another (`pg_group`), ordered by effect so that batches lock rows in one order.
+        args, shared = _finish(
+            org_id, effect_id, target, result_json, error, now_us, event_type, extra,
+            from_states, self_reporting_mode,
+        )  # fmt: skip
+        try:
+            row = await self._finishes.run((org_id, effect_id), args, shared)
+        except _DRIVER_ERRORS as exc:
+            raise Database(str(exc)) from exc
+        if row is None:
+            return None
+        self._events_committed()
+        return EFFECT.row(row)
 
     async def listen(self, channel: str, callback: Callable[[], None]) -> Callable[[], Any]:
         """LISTEN on a dedicated connection; `callback` runs on every notification."""

@@ -406,6 +406,25 @@ class Store(Protocol):
         decision table.
         """
 
+    async def finish_effect(
+        self,
+        org_id: str,
+        effect_id: str,
+        *,
+        target: str,
+        result_json: str | None,
+        error: str | None,
+        now_us: int,
+        event_type: str,
+        extra: dict[str, Any],
+        from_states: Sequence[str] = ...,
+        self_reporting_mode: str = ...,
+    ) -> EffectRecord | None:
+        """`Queries.finish_effect` as a unit of work of its own: committed (on disk) when it
+        returns. A store may send concurrent ones together (PostgreSQL: one statement, one
+        transaction for the finishes that wait for one another, `store/pg_group.py`); each
+        is what it would be alone. SQLite: `Queries.finish_effect` in `atomic()`."""
+
     def on_events(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback` after each commit that wrote events; returns a remover."""
 
