@@ -1,10 +1,13 @@
-"""Batches of new calls from several processes on one PostgreSQL do not deadlock.
+"""Batches of new calls and of finishes from several processes on one PostgreSQL do not
+deadlock.
 
 Each `PostgresStore` is what one proxy process has: its own pool and its own group
 (store/pg_group.py). Here two of them, each held to one lane so that nearly every call goes
 in a batch, write calls over the same few sessions at once, the same calls included (a
-retry that reached another process). A batch locks its session rows in (org, session,
-signature) order, so two batches never wait for each other in a cycle. A deadlock would not
+retry that reached another process), then finish them all, each effect from both at once.
+A batch of new calls locks its session rows in (org, session, signature) order, and one of
+finishes its effect rows in (org, effect) order, so two batches never wait for each other in
+a cycle. A deadlock would not
 fail a call (the server aborts one batch, which is then sent again one call at a time), so
 the test reads PostgreSQL's own count of deadlocks in the database.
 """
@@ -20,8 +23,8 @@ import asyncpg
 import pytest
 
 from tests.conftest import fresh_pg_database
-from tests.store.contract_helpers import make_effect, make_undo, new_session
-from undolog.store import NewCall, open_store
+from tests.store.contract_helpers import NOW, make_effect, make_undo, new_session
+from undolog.store import EffectRecord, NewCall, Store, open_store
 from undolog.store.postgres import PostgresStore
 
 REPLAY = (("committed",), "effect_replayed", '{"stage":"replayed"}')
@@ -60,6 +63,14 @@ async def _deadlocks(url: str) -> int:
     return int(count)
 
 
+async def _finish(store: Store, org_id: str, effect_id: str) -> EffectRecord | None:
+    return await store.finish_effect(
+        org_id, effect_id, target="committed", error=None, now_us=NOW,
+        result_json='{"success":true,"output":null,"error":null}',
+        event_type="effect_committed", extra={},
+    )  # fmt: skip
+
+
 async def test_batches_of_two_processes_over_the_same_sessions_never_deadlock(
     own_pg_url: str, org_id: str
 ) -> None:
@@ -70,9 +81,11 @@ async def test_batches_of_two_processes_over_the_same_sessions_never_deadlock(
         for store in stores:
             assert isinstance(store, PostgresStore)
             store._group.lanes = 1  # one statement out: the others wait and go together
+            store._finishes.lanes = 1
         sessions = [new_session() for _ in range(4)]
         rng = random.Random(7)
         answers = []
+        finishes = []
         for _ in range(ROUNDS):
             calls = []
             for _ in range(CALLS):
@@ -86,17 +99,33 @@ async def test_batches_of_two_processes_over_the_same_sessions_never_deadlock(
                 for call in rng.sample(calls, len(calls))
             ]
             answers += await asyncio.gather(*work)
-        groups = [store._group for store in stores if isinstance(store, PostgresStore)]
+            finishes += await asyncio.gather(
+                *(
+                    _finish(store, org_id, call.records()[0].effect_id)
+                    for store in stores
+                    for call in rng.sample(calls, len(calls))
+                )
+            )
+        groups = [
+            group
+            for store in stores
+            if isinstance(store, PostgresStore)
+            for group in (store._group, store._finishes)
+        ]
     finally:
         for store in stores:
             await store.close()
 
     assert await _deadlocks(pg_url) == before
     # No batch was refused and sent again call by call: each call went once.
-    assert sum(g.calls for g in groups) == 2 * ROUNDS * CALLS
-    assert sum(g.statements for g in groups) < ROUNDS * CALLS  # they did go in batches
+    assert sum(g.calls for g in groups) == 4 * ROUNDS * CALLS
+    assert sum(g.statements for g in groups) < 2 * ROUNDS * CALLS  # they did go in batches
     outcomes = [outcome for outcome, _ in answers]
     assert outcomes.count("inserted") == ROUNDS * CALLS  # each call written once
     # Its twin from the other process found it, written ("exists") or still being written
     # ("busy": the engine then takes the call's full path).
     assert outcomes.count("exists") + outcomes.count("busy") == ROUNDS * CALLS
+    # Each effect finished once; its twin finish found it finished.
+    finished = [f for f in finishes if f is not None]
+    assert len(finished) == ROUNDS * CALLS
+    assert len({f.effect_id for f in finished}) == ROUNDS * CALLS
