@@ -213,15 +213,21 @@ class SqliteStore(StoreBase):
     async def _hand_on(self, conn: aiosqlite.Connection) -> None:
         """Leave the open batch to the next waiting writer, or commit it and answer its
         writers; the next writer gets in once that is done."""
+        commit = self._hand_on_now(conn)
+        if commit is not None:
+            await asyncio.shield(commit)
+
+    def _hand_on_now(self, conn: aiosqlite.Connection) -> asyncio.Task[None] | None:
+        """`_hand_on` without waiting: the commit's task, if it commits."""
         batch = self._batch
         if batch is None or (self._waiting and batch.marks < MAX_BATCH - 1):
             self._write_lock.release()
-            return
-        commit = asyncio.ensure_future(self._commit(conn, batch))
+            return None
+        commit = self._spawn(self._commit(conn, batch))
         # Released when the commit is done, even if this writer is cancelled meanwhile: a
         # writer let in before would open its transaction behind a COMMIT that may fail.
         commit.add_done_callback(lambda _: self._write_lock.release())
-        await asyncio.shield(commit)
+        return commit
 
     async def _commit(self, conn: aiosqlite.Connection, batch: _Batch) -> None:
         self._batch = None
@@ -257,10 +263,11 @@ class SqliteStore(StoreBase):
         await self._acquire()
         await self._hand_on(conn)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def execute_new(
         self,
@@ -330,19 +337,26 @@ class SqliteStore(StoreBase):
                 mark = f"w{batch.marks}"
                 start = f"SAVEPOINT {mark}"
         full = batch is not None and batch.marks >= MAX_BATCH - 1
-        # Read in the writer's thread after the body: a stale answer only commits a batch
-        # that a writer arriving meanwhile could have joined, or leaves the commit to
-        # `_hand_on` (which asks again in the loop).
-        hop: Hop[T] = Hop(body, start, mark, lambda: full or not self._waiting)
+        loop = asyncio.get_running_loop()
+
+        def after() -> None:  # in the writer's thread, once the hop is done
+            with suppress(RuntimeError):  # the loop is closed: nobody left to tell
+                loop.call_soon_threadsafe(self._hop_done, conn, hop, batch)
+
+        # `commit_now` is read in the writer's thread after the body: a stale answer only
+        # commits a batch that a writer arriving meanwhile could have joined, or leaves the
+        # commit to `_hop_done` (which asks again in the loop).
+        hop: Hop[T] = Hop(body, start, mark, lambda: full or not self._waiting, after)
         try:
             await in_thread(conn, hop.run)
         except asyncio.CancelledError:
-            # The thread runs the hop anyway: settle the batch once it has, then let go.
-            self._spawn(self._settle_later(conn, hop, batch))
+            # Its writes are undone if its hop is still running and leaves its batch open
+            # (`_hop_done`); after that they stand, as a generic writer's after its body.
+            hop.abandoned = True
             raise
         except ValueError:  # aiosqlite's closed connection: the hop never ran
             hop.error = Database("store is closed")
-        await self._settle(conn, hop, batch)
+            self._hop_done(conn, hop, batch)
         if hop.error is not None:
             if isinstance(hop.error, sqlite3.Error):
                 raise Database(str(hop.error)) from hop.error
@@ -353,34 +367,42 @@ class SqliteStore(StoreBase):
             self._events_committed()
         return cast(T, hop.value)
 
-    async def _settle(
-        self, conn: aiosqlite.Connection, hop: Hop[Any], batch: _Batch | None
-    ) -> None:
-        """After a hop: end its batch if the hop ended it, then hand the writer on."""
-        if batch is not None:
-            end = hop.end
-            if end is HopEnd.COMMITTED:
-                self.commits += 1
-                self._end(batch, None)
-            elif end is HopEnd.COMMIT_FAILED:
-                self._end(batch, Database(str(hop.commit_error)))
-            elif end is HopEnd.LOST:
-                self._end(batch, Database("the write transaction was rolled back by SQLite"))
-            elif end is HopEnd.ROLLED_BACK or (end is HopEnd.NOT_STARTED and hop.mark is None):
-                self._end(batch, None)  # it was alone in the batch it opened
-        await self._hand_on(conn)
+    def _hop_done(self, conn: aiosqlite.Connection, hop: Hop[Any], batch: _Batch | None) -> None:
+        """In the loop as soon as a hop is done (before its writer's task resumes): end its
+        batch if the hop ended it, and hand the writer on, so that the next writer starts a
+        loop turn earlier."""
+        if hop.abandoned and hop.end is HopEnd.OPEN:
+            self._spawn(self._undo_abandoned(conn, hop, batch))
+            return
+        self._settle(hop, batch)
+        self._hand_on_now(conn)
+        if hop.abandoned and hop.end is HopEnd.COMMITTED and hop.events_written:
+            self._events_committed()
 
-    async def _settle_later(
+    async def _undo_abandoned(
         self, conn: aiosqlite.Connection, hop: Hop[Any], batch: _Batch | None
     ) -> None:
-        """Settle the hop of a writer cancelled while it ran: its writes are undone if its
-        batch is still open (it was not answered), then the batch goes on."""
-        # The thread runs its work in order: this runs after the hop.
+        """Undo the writes of a hop whose writer was cancelled while it ran (it was never
+        answered), then let the batch go on."""
         with suppress(ValueError, sqlite3.Error):
             await in_thread(conn, hop.undo_if_open)
-        await self._settle(conn, hop, batch)
-        if hop.end is HopEnd.COMMITTED and hop.events_written:
-            self._events_committed()
+        self._settle(hop, batch)
+        self._hand_on_now(conn)
+
+    def _settle(self, hop: Hop[Any], batch: _Batch | None) -> None:
+        """End a hop's batch if the hop ended it."""
+        if batch is None:
+            return
+        end = hop.end
+        if end is HopEnd.COMMITTED:
+            self.commits += 1
+            self._end(batch, None)
+        elif end is HopEnd.COMMIT_FAILED:
+            self._end(batch, Database(str(hop.commit_error)))
+        elif end is HopEnd.LOST:
+            self._end(batch, Database("the write transaction was rolled back by SQLite"))
+        elif end is HopEnd.ROLLED_BACK or (end is HopEnd.NOT_STARTED and hop.mark is None):
+            self._end(batch, None)  # it was alone in the batch it opened
 
     @asynccontextmanager
     async def reader(self) -> AsyncIterator[Queries]:

@@ -103,13 +103,14 @@ class Hop(Generic[T]):
     `start` is `BEGIN IMMEDIATE` (it opens the batch), `SAVEPOINT <mark>` (it joins the open
     one) or None (bare: each statement commits alone). After a body that succeeded,
     `commit_now` (asked in the thread) says whether to commit the batch in the same hop.
-    The outcome is set on the object in the thread (`end`, `value`, `error`), so the store
-    can read it even when the writer was cancelled while the hop ran.
+    The outcome is set on the object in the thread (`end`, `value`, `error`), then `after`
+    tells the store, which settles the batch from there: even when the writer was cancelled
+    while the hop ran, and without waiting for the writer's task to resume.
     """
 
     __slots__ = (
-        "body", "commit_error", "commit_now", "end", "error", "events_written", "mark", "start",
-        "value",
+        "abandoned", "after", "body", "commit_error", "commit_now", "end", "error",
+        "events_written", "mark", "start", "value",
     )  # fmt: skip
 
     def __init__(
@@ -118,11 +119,14 @@ class Hop(Generic[T]):
         start: str | None,
         mark: str | None,
         commit_now: Callable[[], bool],
+        after: Callable[[], object],
     ) -> None:
         self.body = body
         self.start = start
         self.mark = mark
         self.commit_now = commit_now
+        self.after = after  # called in the thread once the hop is done (to tell the loop)
+        self.abandoned = False  # set in the loop: its writer was cancelled meanwhile
         self.end = HopEnd.NOT_STARTED
         self.value: T | None = None
         self.error: BaseException | None = None  # the body's (or BEGIN's) exception
@@ -130,7 +134,14 @@ class Hop(Generic[T]):
         self.events_written = False
 
     def run(self, conn: sqlite3.Connection) -> None:
-        """In the connection's thread: start, body, then roll back or maybe commit."""
+        """In the connection's thread: start, body, then roll back or maybe commit; then
+        `after`."""
+        try:
+            self._run(conn)
+        finally:
+            self.after()
+
+    def _run(self, conn: sqlite3.Connection) -> None:
         if self.start is not None:
             try:
                 conn.execute(self.start)
