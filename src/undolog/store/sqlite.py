@@ -6,6 +6,10 @@ queue on `busy_timeout` instead of failing at commit. WAL lets a separate reader
 committed data while a write is open. `synchronous=FULL` makes a committed intent durable
 before the tool runs. Concurrent writers share one transaction, each under a savepoint, and
 one fsync (group commit, docs/performance.md).
+
+The hot-path writes (`execute_new`'s transaction, `atomic` for a new call's commit,
+`autocommit` for a replay's event) run each whole in one trip to the writer's thread
+(store/sqlite_hop.py) instead of one per statement; every other write uses `transaction`.
 """
 
 from __future__ import annotations
@@ -14,10 +18,10 @@ import asyncio
 import re
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Collection, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import aiosqlite
 
@@ -25,6 +29,7 @@ from undolog.store._sql import SqlQueries
 from undolog.store.base import StoreBase, load_migrations
 from undolog.store.protocol import ExecuteNew, NewCall, Queries, Store
 from undolog.store.records import EffectRecord, UndoEntryRecord
+from undolog.store.sqlite_hop import Body, Hop, HopEnd, SyncQueries, in_thread, run_to_end
 from undolog_sdk.errors import Database
 from undolog_sdk.wire import SessionState
 
@@ -32,6 +37,7 @@ __all__ = ["SqliteStore"]
 
 BUSY_TIMEOUT_MS = 10_000
 _ACTIVE = SessionState.ACTIVE.value
+T = TypeVar("T")
 
 
 # The most writers one transaction holds: a bound on how long the first waits for its answer.
@@ -207,15 +213,21 @@ class SqliteStore(StoreBase):
     async def _hand_on(self, conn: aiosqlite.Connection) -> None:
         """Leave the open batch to the next waiting writer, or commit it and answer its
         writers; the next writer gets in once that is done."""
+        commit = self._hand_on_now(conn)
+        if commit is not None:
+            await asyncio.shield(commit)
+
+    def _hand_on_now(self, conn: aiosqlite.Connection) -> asyncio.Task[None] | None:
+        """`_hand_on` without waiting: the commit's task, if it commits."""
         batch = self._batch
         if batch is None or (self._waiting and batch.marks < MAX_BATCH - 1):
             self._write_lock.release()
-            return
-        commit = asyncio.ensure_future(self._commit(conn, batch))
+            return None
+        commit = self._spawn(self._commit(conn, batch))
         # Released when the commit is done, even if this writer is cancelled meanwhile: a
         # writer let in before would open its transaction behind a COMMIT that may fail.
         commit.add_done_callback(lambda _: self._write_lock.release())
-        await asyncio.shield(commit)
+        return commit
 
     async def _commit(self, conn: aiosqlite.Connection, batch: _Batch) -> None:
         self._batch = None
@@ -251,10 +263,11 @@ class SqliteStore(StoreBase):
         await self._acquire()
         await self._hand_on(conn)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def execute_new(
         self,
@@ -264,7 +277,8 @@ class SqliteStore(StoreBase):
         owner: str | None = None,
         owner_only: bool = False,
     ) -> tuple[ExecuteNew, EffectRecord | None]:
-        """`Store.execute_new` for SQLite: a read, then one `BEGIN IMMEDIATE` transaction.
+        """`Store.execute_new` for SQLite: a read, then one `BEGIN IMMEDIATE` transaction,
+        each one trip to its connection's thread (store/sqlite_hop.py).
 
         An effect that has the signature is answered "exists" (a replay included: the engine
         replays it with its event written best-effort, so a store that cannot write still
@@ -272,28 +286,123 @@ class SqliteStore(StoreBase):
         single writer serialises new calls: there is no "busy".
         """
         org_id, session_id = new.org_id, new.session_id
-        async with self.reader() as q:
+
+        async def look(q: Queries) -> EffectRecord | None:
             if owner_only and not await _may_use(q, org_id, session_id, owner):
-                return "forbidden", None
-            seen = await q.get_effect_by_signature(org_id, new.call_signature)
-        if seen is not None:
-            return "exists", seen
-        effect, undo, event = new.records()
+                raise _Refused
+            return await q.get_effect_by_signature(org_id, new.call_signature)
+
         try:
-            async with self.transaction() as q:
-                now = effect.created_us
-                session = await q.touch_session(org_id, session_id, effect.step_index, now, owner)
-                # Again under the write lock: another key may have created the session since
-                # the read; then the touch is rolled back.
-                if owner_only and session.owner_key_id != owner:
-                    raise _Refused
-                if session.state != _ACTIVE:
-                    return "closed", None
-                if not await _insert_executing(q, effect, undo, *event):
-                    return "busy", None  # inserted meanwhile by a step-less call: full path
+            seen = await self._read(look)
+            if seen is not None:
+                return "exists", seen
+            return await self._write_hop(_new_call_body(new, owner, owner_only)), None
         except _Refused:
             return "forbidden", None
-        return "inserted", None
+
+    async def _read(self, body: Body[T]) -> T:
+        """Reads of committed data in one trip to the reader's thread."""
+        conn = self._reader
+        if conn is None:
+            raise Database("store is closed")
+        try:
+            return await in_thread(conn, lambda c: run_to_end(body(SyncQueries(c))))
+        except sqlite3.Error as exc:
+            raise Database(str(exc)) from exc
+
+    async def _write_hop(self, body: Body[T], *, bare_ok: bool = False) -> T:
+        """One write transaction, run whole in one trip to the writer's thread (`Hop`), in
+        the group commit of `transaction`: it opens the batch or joins it under a savepoint,
+        a failing body rolls back its own writes only, and the hop commits the batch itself
+        when no other writer waits. Answered after the commit that holds its writes.
+
+        `bare_ok`: with the writer free and nobody waiting, run the body with no transaction
+        of its own (each statement commits alone: `autocommit`).
+        """
+        conn = self._writer
+        if conn is None:
+            raise Database("store is closed")
+        bare = bare_ok and self._batch is None and not self._waiting
+        bare = bare and not self._write_lock.locked()
+        await self._acquire()  # when bare: free, taken at once, nobody came between
+        batch: _Batch | None = None
+        start = mark = None
+        if not bare:
+            batch = self._batch
+            if batch is None:
+                batch = self._batch = _Batch()
+                start = "BEGIN IMMEDIATE"
+            else:
+                batch.marks += 1
+                mark = f"w{batch.marks}"
+                start = f"SAVEPOINT {mark}"
+        full = batch is not None and batch.marks >= MAX_BATCH - 1
+        loop = asyncio.get_running_loop()
+
+        def after() -> None:  # in the writer's thread, once the hop is done
+            with suppress(RuntimeError):  # the loop is closed: nobody left to tell
+                loop.call_soon_threadsafe(self._hop_done, conn, hop, batch)
+
+        # `commit_now` is read in the writer's thread after the body: a stale answer only
+        # commits a batch that a writer arriving meanwhile could have joined, or leaves the
+        # commit to `_hop_done` (which asks again in the loop).
+        hop: Hop[T] = Hop(body, start, mark, lambda: full or not self._waiting, after)
+        try:
+            await in_thread(conn, hop.run)
+        except asyncio.CancelledError:
+            # Its writes are undone if its hop is still running and leaves its batch open
+            # (`_hop_done`); after that they stand, as a generic writer's after its body.
+            hop.abandoned = True
+            raise
+        except ValueError:  # aiosqlite's closed connection: the hop never ran
+            hop.error = Database("store is closed")
+            self._hop_done(conn, hop, batch)
+        if hop.error is not None:
+            if isinstance(hop.error, sqlite3.Error):
+                raise Database(str(hop.error)) from hop.error
+            raise hop.error
+        if batch is not None:
+            await asyncio.shield(batch.done)  # shared by the batch: see `transaction`
+        if hop.events_written:
+            self._events_committed()
+        return cast(T, hop.value)
+
+    def _hop_done(self, conn: aiosqlite.Connection, hop: Hop[Any], batch: _Batch | None) -> None:
+        """In the loop as soon as a hop is done (before its writer's task resumes): end its
+        batch if the hop ended it, and hand the writer on, so that the next writer starts a
+        loop turn earlier."""
+        if hop.abandoned and hop.end is HopEnd.OPEN:
+            self._spawn(self._undo_abandoned(conn, hop, batch))
+            return
+        self._settle(hop, batch)
+        self._hand_on_now(conn)
+        if hop.abandoned and hop.end is HopEnd.COMMITTED and hop.events_written:
+            self._events_committed()
+
+    async def _undo_abandoned(
+        self, conn: aiosqlite.Connection, hop: Hop[Any], batch: _Batch | None
+    ) -> None:
+        """Undo the writes of a hop whose writer was cancelled while it ran (it was never
+        answered), then let the batch go on."""
+        with suppress(ValueError, sqlite3.Error):
+            await in_thread(conn, hop.undo_if_open)
+        self._settle(hop, batch)
+        self._hand_on_now(conn)
+
+    def _settle(self, hop: Hop[Any], batch: _Batch | None) -> None:
+        """End a hop's batch if the hop ended it."""
+        if batch is None:
+            return
+        end = hop.end
+        if end is HopEnd.COMMITTED:
+            self.commits += 1
+            self._end(batch, None)
+        elif end is HopEnd.COMMIT_FAILED:
+            self._end(batch, Database(str(hop.commit_error)))
+        elif end is HopEnd.LOST:
+            self._end(batch, Database("the write transaction was rolled back by SQLite"))
+        elif end is HopEnd.ROLLED_BACK or (end is HopEnd.NOT_STARTED and hop.mark is None):
+            self._end(batch, None)  # it was alone in the batch it opened
 
     @asynccontextmanager
     async def reader(self) -> AsyncIterator[Queries]:
@@ -307,25 +416,21 @@ class SqliteStore(StoreBase):
 
     @asynccontextmanager
     async def autocommit(self) -> AsyncIterator[Queries]:
-        """Single-statement writes: each commits alone while no other writer is about (as
-        cheap as a write gets: no BEGIN, no COMMIT); with writers waiting or a batch open,
-        a write of the batch like any other (see `transaction`), one fsync for all."""
-        conn = self._writer
-        if conn is None:
+        """Single-statement writes: each call commits alone, in one trip to the writer's
+        thread. With no other writer about, as cheap as a write gets (no BEGIN, no COMMIT);
+        with writers waiting or a batch open, a write of the batch like any other (see
+        `transaction`), one fsync for all."""
+        if self._writer is None:
             raise Database("store is closed")
-        if self._batch is not None or self._waiting or self._write_lock.locked():
-            async with self.transaction() as q:
-                yield q
-            return
-        await self._acquire()  # free: taken at once, nobody came between
-        q = _SqliteQueries(conn)
-        try:
-            yield q
-        except sqlite3.Error as exc:
-            raise Database(str(exc)) from exc
-        finally:
-            await self._hand_on(conn)
-        self._committed(q)
+        yield cast(Queries, _HopQueries(self, bare_ok=True, one_call=False))
+
+    @asynccontextmanager
+    async def atomic(self) -> AsyncIterator[Queries]:
+        """For one `Queries` call (a new call's commit, `finish_effect`): its own write
+        transaction in the batch, run whole in one trip to the writer's thread."""
+        if self._writer is None:
+            raise Database("store is closed")
+        yield cast(Queries, _HopQueries(self, bare_ok=False, one_call=True))
 
     async def schema_version(self) -> int:
         async with self.reader() as q:
@@ -396,11 +501,64 @@ class _Refused(Exception):
     """Rolls back `execute_new`'s transaction: the session is another key's."""
 
 
+# The dialect primitives (`SqlQueries`), which a caller may use like any query.
+_PRIMITIVES = frozenset({"_fetchrow", "_fetch", "_execute"})
+
+
+class _HopQueries:
+    """`Queries` for `atomic` and `autocommit`: each call is a write transaction of its
+    own, run whole in one hop (`SqliteStore._write_hop`). `one_call`: a second call is
+    refused (it would not be in the first one's transaction)."""
+
+    def __init__(self, store: SqliteStore, *, bare_ok: bool, one_call: bool) -> None:
+        self._store = store
+        self._bare_ok = bare_ok
+        self._one_call = one_call
+        self._calls = 0
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        if (name.startswith("_") and name not in _PRIMITIVES) or not callable(
+            getattr(SqlQueries, name, None)
+        ):
+            raise AttributeError(name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            self._calls += 1
+            if self._one_call and self._calls > 1:
+                raise RuntimeError("atomic() holds one Queries call: use transaction()")
+            return await self._store._write_hop(
+                lambda q: getattr(q, name)(*args, **kwargs), bare_ok=self._bare_ok
+            )
+
+        return call
+
+
 async def _insert_executing(
     q: Queries, effect: EffectRecord, undo: UndoEntryRecord | None, event_type: str, payload: str
 ) -> bool:
     # The event type was checked where `execute_new`'s caller spelled it (an EventType).
     return await q.insert_executing_effect(effect, undo, event_type, payload)
+
+
+def _new_call_body(new: NewCall, owner: str | None, owner_only: bool) -> Body[ExecuteNew]:
+    """`execute_new`'s write transaction, its records built now (the read missed)."""
+    effect, undo, event = new.records()
+
+    async def write(q: Queries) -> ExecuteNew:
+        session = await q.touch_session(
+            new.org_id, new.session_id, effect.step_index, effect.created_us, owner
+        )
+        # Again under the write lock: another key may have created the session since the
+        # read; then the touch is rolled back.
+        if owner_only and session.owner_key_id != owner:
+            raise _Refused
+        if session.state != _ACTIVE:
+            return "closed"
+        if not await _insert_executing(q, effect, undo, *event):
+            return "busy"  # inserted meanwhile by a step-less call: full path
+        return "inserted"
+
+    return write
 
 
 async def _may_use(q: Queries, org_id: str, session_id: str, owner: str | None) -> bool:
