@@ -29,7 +29,7 @@ SRC = Path(undolog.__file__).parent
 EVENT_WRITERS: dict[str, list[tuple[int, str, int | None]]] = {
     "insert_event": [(1, "type_", None)],
     "insert_executing_effect": [(2, "event_type", None)],
-    "finish_effect": [(-1, "event_type", None)],
+    "Finish": [(6, "event_type", None)],  # the record `finish_effect` writes
     "execute_new": [(1, "replay", 1)],
 }
 _ENUMS = {"EventType": EventType, "UndoState": UndoState}
@@ -62,8 +62,15 @@ def _members(node: ast.expr, scope: ast.FunctionDef | ast.AsyncFunctionDef) -> s
         and len(node.args) == 1
     ):
         return {EventType.compensation(state) for state in _members(node.args[0], scope)}
+    params = {a.arg for a in (*scope.args.args, *scope.args.kwonlyargs)}
+    field_of_param = (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in params
+    )
+    if field_of_param:
+        return set()  # a parameter's field (a `Finish`'s): where it was made is checked
     if isinstance(node, ast.Name):
-        params = {a.arg for a in (*scope.args.args, *scope.args.kwonlyargs)}
         if node.id in params:
             return set()  # passed on: its callers are checked
         values: set[object] = set()
@@ -86,9 +93,15 @@ def _written_event_types() -> Iterator[tuple[str, set[object] | str]]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for function in _functions(tree):
             for call in ast.walk(function):
-                if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
+                if not isinstance(call, ast.Call):
                     continue
-                for position, keyword, index in EVENT_WRITERS.get(call.func.attr, []):
+                if isinstance(call.func, ast.Attribute):
+                    name = call.func.attr  # a store's or a query's method
+                elif isinstance(call.func, ast.Name):
+                    name = call.func.id  # a record
+                else:
+                    continue
+                for position, keyword, index in EVENT_WRITERS.get(name, []):
                     args = {k.arg: k.value for k in call.keywords}
                     if keyword in args:
                         node: ast.expr | None = args[keyword]

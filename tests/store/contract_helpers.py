@@ -10,6 +10,7 @@ from typing import Any
 from undolog.store import (
     ApprovalRecord,
     EffectRecord,
+    Finish,
     Store,
     ToolRecord,
     UndoEntryRecord,
@@ -135,7 +136,7 @@ def finish(store: Store, org_id: str, effect_id: str, **changes: Any) -> Awaitab
         "target": "committed", "result_json": COMMIT_RESULT, "error": None,
         "now_us": FINISHED_US, "event_type": "effect_committed", "extra": {},
     }  # fmt: skip
-    return store.finish_effect(org_id, effect_id, **(kwargs | changes))
+    return store.finish_effect(Finish(org_id, effect_id, **(kwargs | changes)))
 
 
 async def effect_events(store: Store, org_id: str, effect_id: str) -> list[tuple[str, str]]:

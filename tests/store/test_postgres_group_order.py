@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import fresh_pg_database
 from tests.store.contract_helpers import NOW, make_effect, make_undo, new_session
-from undolog.store import EffectRecord, NewCall, Store, open_store
+from undolog.store import EffectRecord, Finish, NewCall, Store, open_store
 from undolog.store.postgres import PostgresStore
 
 REPLAY = (("committed",), "effect_replayed", '{"stage":"replayed"}')
@@ -64,11 +64,10 @@ async def _deadlocks(url: str) -> int:
 
 
 async def _finish(store: Store, org_id: str, effect_id: str) -> EffectRecord | None:
+    result = '{"success":true,"output":null,"error":null}'
     return await store.finish_effect(
-        org_id, effect_id, target="committed", error=None, now_us=NOW,
-        result_json='{"success":true,"output":null,"error":null}',
-        event_type="effect_committed", extra={},
-    )  # fmt: skip
+        Finish(org_id, effect_id, "committed", result, None, NOW, "effect_committed")
+    )
 
 
 async def test_batches_of_two_processes_over_the_same_sessions_never_deadlock(

@@ -29,7 +29,7 @@ import pytest
 
 from tests.store.contract_helpers import make_effect, make_undo
 from undolog.engine import Engine, Outcome
-from undolog.store import NewCall, Queries
+from undolog.store import Finish, NewCall, Queries
 from undolog.store.sqlite import SqliteStore
 from undolog.store.sqlite_hop import BodySuspended, in_thread, run_to_end
 from undolog_sdk.errors import Database
@@ -174,9 +174,10 @@ async def test_a_new_call_and_its_commit_take_one_hop_each_to_the_writer(
     hops.clear()
     async with sqlite_store.atomic() as q:
         done = await q.finish_effect(
-            effect.org_id, effect.effect_id, target="committed", result_json="{}", error=None,
-            now_us=NOW, event_type="effect_committed", extra={},
-        )  # fmt: skip
+            Finish(
+                effect.org_id, effect.effect_id, "committed", "{}", None, NOW, "effect_committed"
+            )
+        )
     assert done is not None and done.state == "committed"
     assert hops == {"writer": 1}
     hops.clear()

@@ -30,6 +30,7 @@ from undolog.store.protocol import Queries
 from undolog.store.records import (
     ApprovalRecord,
     EffectRecord,
+    Finish,
     SessionRecord,
     ToolRecord,
 )
@@ -362,17 +363,12 @@ class Effects(Registry):
             extra["undo"] = "skipped: the tool reported a logical failure"
         committed = target is EffectState.COMMITTED
         event = EventType.EFFECT_COMMITTED if committed else EventType.EFFECT_FAILED
+        finish = Finish(org_id, effect_id, target.value, result_json, error, now, event, extra)
         if undoable:  # one statement, which the store may send with others (group commit)
-            effect = await self.store.finish_effect(
-                org_id, effect_id, target=target.value, result_json=result_json, error=error,
-                now_us=now, event_type=event, extra=extra,
-            )  # fmt: skip
+            effect = await self.store.finish_effect(finish)
         else:
             async with self.store.transaction() as q:
-                effect = await q.finish_effect(
-                    org_id, effect_id, target=target.value, result_json=result_json,
-                    error=error, now_us=now, event_type=event, extra=extra,
-                )  # fmt: skip
+                effect = await q.finish_effect(finish)
                 if effect is not None:
                     await q.skip_pending_undo_entries(org_id, effect_id, now)
         if effect is None:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from contextlib import AbstractAsyncContextManager
 from importlib import resources
 from typing import Any, ClassVar
 
-from undolog.store._sql.rows import FINISHABLE, SDK_RUNNER
 from undolog.store.protocol import ExecuteNew, NewCall, Queries
-from undolog.store.records import EffectRecord
+from undolog.store.records import EffectRecord, Finish
 
 __all__ = ["StoreBase", "load_migrations"]
 
@@ -36,27 +35,10 @@ class StoreBase(abc.ABC):
     ) -> tuple[ExecuteNew, EffectRecord | None]:
         """Record a new call, each store its own way (see `Store.execute_new`)."""
 
-    async def finish_effect(
-        self,
-        org_id: str,
-        effect_id: str,
-        *,
-        target: str,
-        result_json: str | None,
-        error: str | None,
-        now_us: int,
-        event_type: str,
-        extra: dict[str, Any],
-        from_states: Sequence[str] = FINISHABLE,
-        self_reporting_mode: str = SDK_RUNNER,
-    ) -> EffectRecord | None:
+    async def finish_effect(self, finish: Finish) -> EffectRecord | None:
         """`Queries.finish_effect` in its own `atomic()` unit (see `Store.finish_effect`)."""
         async with self.atomic() as q:
-            return await q.finish_effect(
-                org_id, effect_id, target=target, result_json=result_json, error=error,
-                now_us=now_us, event_type=event_type, extra=extra, from_states=from_states,
-                self_reporting_mode=self_reporting_mode,
-            )  # fmt: skip
+            return await q.finish_effect(finish)
 
     def on_events(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback` after each commit that wrote events; returns a remover."""

@@ -19,11 +19,11 @@ import orjson
 
 from undolog.store._columns import numbered
 from undolog.store._sql import EFFECT, SqlQueries
-from undolog.store._sql.rows import FINISHABLE, SDK_RUNNER, UNDO
+from undolog.store._sql.rows import UNDO
 from undolog.store.base import StoreBase, load_migrations
 from undolog.store.pg_group import FINISH, NEW_CALL, CallGroup
 from undolog.store.protocol import ExecuteNew, NewCall, Queries, Store
-from undolog.store.records import SESSION_TOUCH_US, EffectRecord, UndoEntryRecord
+from undolog.store.records import SESSION_TOUCH_US, EffectRecord, Finish, UndoEntryRecord
 from undolog_sdk.errors import AdvisoryLockTimeout, Database
 from undolog_sdk.wire import SessionState
 
@@ -99,23 +99,12 @@ def _outcome(row: Sequence[Any]) -> tuple[ExecuteNew, EffectRecord | None]:
     return outcome, EFFECT.row(row[1:]) if found else None
 
 
-def _finish(
-    org_id: str,
-    effect_id: str,
-    target: str,
-    result_json: str | None,
-    error: str | None,
-    now_us: int,
-    event_type: str,
-    extra: dict[str, Any],
-    from_states: Sequence[str],
-    self_reporting_mode: str,
-) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def _finish(f: Finish) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """The parameters of `undolog_finish_effect` (migration 22) for one call: its own, and
     those every call of a batch shares (`pg_group`)."""
-    extra_json = orjson.dumps(extra).decode()
-    args = (org_id, effect_id, target, result_json, error, now_us, event_type, extra_json)
-    return args, (tuple(from_states), self_reporting_mode)
+    extra = orjson.dumps(f.extra).decode()
+    args = (f.org_id, f.effect_id, f.target, f.result_json, f.error, f.now_us, f.event_type, extra)
+    return args, (tuple(f.from_states), f.self_reporting_mode)
 
 
 _NEW_CALL_SQL = NEW_CALL.single_sql()
@@ -147,26 +136,10 @@ class _PostgresQueries(SqlQueries):
                 f"ALTER TABLE events {action} TRIGGER events_to_webhook_outbox"
             )
 
-    async def finish_effect(
-        self,
-        org_id: str,
-        effect_id: str,
-        *,
-        target: str,
-        result_json: str | None,
-        error: str | None,
-        now_us: int,
-        event_type: str,
-        extra: dict[str, Any],
-        from_states: Sequence[str] = FINISHABLE,
-        self_reporting_mode: str = SDK_RUNNER,
-    ) -> EffectRecord | None:
+    async def finish_effect(self, finish: Finish) -> EffectRecord | None:
         """`undolog_finish_effect` alone, on this connection (the store's `finish_effect`
         sends it through its group): the update and its event row in one statement."""
-        args, shared = _finish(
-            org_id, effect_id, target, result_json, error, now_us, event_type, extra,
-            from_states, self_reporting_mode,
-        )  # fmt: skip
+        args, shared = _finish(finish)
         row = await self._conn.fetchrow(_FINISH_SQL, *FINISH.single_args(args, shared))
         self.events_written = row is not None
         return EFFECT.row(row) if row is not None else None
@@ -344,28 +317,12 @@ class PostgresStore(StoreBase):
             self._events_committed()
         return _outcome(row)
 
-    async def finish_effect(
-        self,
-        org_id: str,
-        effect_id: str,
-        *,
-        target: str,
-        result_json: str | None,
-        error: str | None,
-        now_us: int,
-        event_type: str,
-        extra: dict[str, Any],
-        from_states: Sequence[str] = FINISHABLE,
-        self_reporting_mode: str = SDK_RUNNER,
-    ) -> EffectRecord | None:
+    async def finish_effect(self, finish: Finish) -> EffectRecord | None:
         # In autocommit, as `execute_new`: alone, or in a batch of finishes that waited for
         # one another (`pg_group`), ordered by effect so that batches lock rows in one order.
-        args, shared = _finish(
-            org_id, effect_id, target, result_json, error, now_us, event_type, extra,
-            from_states, self_reporting_mode,
-        )  # fmt: skip
+        args, shared = _finish(finish)
         try:
-            row = await self._finishes.run((org_id, effect_id), args, shared)
+            row = await self._finishes.run((finish.org_id, finish.effect_id), args, shared)
         except _DRIVER_ERRORS as exc:
             raise Database(str(exc)) from exc
         if row is None:

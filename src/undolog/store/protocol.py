@@ -21,6 +21,7 @@ from undolog.store.records import (
     AuditHeadRecord,
     EffectRecord,
     EventRecord,
+    Finish,
     KeyRecord,
     McpTaskRecord,
     OrgRecord,
@@ -209,27 +210,9 @@ class Queries(OperatorQueries, Protocol):
         Returns True when a row changed (False means the effect moved on concurrently).
         """
 
-    async def finish_effect(
-        self,
-        org_id: str,
-        effect_id: str,
-        *,
-        target: str,
-        result_json: str | None,
-        error: str | None,
-        now_us: int,
-        event_type: str,
-        extra: dict[str, Any],
-        from_states: Sequence[str] = ...,
-        self_reporting_mode: str = ...,
-    ) -> EffectRecord | None:
-        """Move an effect in one of `from_states` (running or in doubt) to `target` and log
-        the event; None when it was in none of them (or does not exist). Dialects may do it
-        in one statement.
-
-        An effect whose mode is `self_reporting_mode` (its runner reports what it has) counts
-        as delivered here.
-        """
+    async def finish_effect(self, finish: Finish) -> EffectRecord | None:
+        """`finish` (see `Finish`); None when the effect was in none of its `from_states` (or
+        does not exist), and then nothing is written. Dialects may do it in one statement."""
 
     async def renew_lease(
         self,
@@ -406,20 +389,7 @@ class Store(Protocol):
         decision table.
         """
 
-    async def finish_effect(
-        self,
-        org_id: str,
-        effect_id: str,
-        *,
-        target: str,
-        result_json: str | None,
-        error: str | None,
-        now_us: int,
-        event_type: str,
-        extra: dict[str, Any],
-        from_states: Sequence[str] = ...,
-        self_reporting_mode: str = ...,
-    ) -> EffectRecord | None:
+    async def finish_effect(self, finish: Finish) -> EffectRecord | None:
         """`Queries.finish_effect` as a unit of work of its own: committed (on disk) when it
         returns. A store may send concurrent ones together (PostgreSQL: one statement, one
         transaction for the finishes that wait for one another, `store/pg_group.py`); each

@@ -8,9 +8,11 @@ PostgreSQL, and fine-grained enough to order `registered_at < executed_at`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from undolog_sdk.wire import ExecutionMode
+from undolog_sdk.wire import EffectState, ExecutionMode
 
 __all__ = [
     "SESSION_TOUCH_US",
@@ -18,6 +20,7 @@ __all__ = [
     "AuditHeadRecord",
     "EffectRecord",
     "EventRecord",
+    "Finish",
     "KeyRecord",
     "McpTaskRecord",
     "OrgRecord",
@@ -223,3 +226,28 @@ class McpTaskRecord:
     created_us: int
     ttl_ms: int
     expires_us: int  # created_us + ttl: the row may be deleted from then on
+
+
+# The states an effect is finished from unless a caller says otherwise (the wire values).
+FINISHABLE = (EffectState.EXECUTING.value, EffectState.IN_DOUBT.value)
+SDK_RUNNER = ExecutionMode.SDK.value
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """An effect's end, as `finish_effect` writes it: the effect moves from one of
+    `from_states` (running or in doubt) to `target` with its result or error, and its event
+    (`event_type`, the payload's `stage`, `tool_name` and `attempt`, then `extra`) is logged
+    in the same transaction. An effect whose mode is `self_reporting_mode` (its runner
+    reports what it has) counts as delivered then."""
+
+    org_id: str
+    effect_id: str
+    target: str
+    result_json: str | None
+    error: str | None
+    now_us: int
+    event_type: str
+    extra: dict[str, Any] = field(default_factory=dict)
+    from_states: Sequence[str] = FINISHABLE
+    self_reporting_mode: str = SDK_RUNNER

@@ -16,16 +16,20 @@ from undolog.store._sql.rows import (
     EFFECT,
     EFFECT_FIELDS,
     EVENT,
-    FINISHABLE,
     RUNNING,
-    SDK_RUNNER,
     UNDO,
     UNDO_FIELDS,
     UNDO_NEW,
 )
 from undolog.store._sql.tasks import TaskSql
 from undolog.store._sql.webhooks import WebhookSql
-from undolog.store.records import ApprovalRecord, EffectRecord, EventRecord, UndoEntryRecord
+from undolog.store.records import (
+    ApprovalRecord,
+    EffectRecord,
+    EventRecord,
+    Finish,
+    UndoEntryRecord,
+)
 from undolog_sdk.wire import ApprovalStatus, UndoState
 
 
@@ -144,53 +148,40 @@ class SqlQueries(RetentionSql, HealthSql, WebhookSql, PageSql, TaskSql):
             args.append(expect_state)
         return await self._execute(sql, *args) == 1
 
-    async def finish_effect(
-        self,
-        org_id: str,
-        effect_id: str,
-        *,
-        target: str,
-        result_json: str | None,
-        error: str | None,
-        now_us: int,
-        event_type: str,
-        extra: dict[str, Any],
-        from_states: Sequence[str] = FINISHABLE,
-        self_reporting_mode: str = SDK_RUNNER,
-    ) -> EffectRecord | None:
-        """Move an effect in one of `from_states` (running or in doubt) to `target` and log
-        the event; None when it was in none of them (or does not exist). Dialects may do it
-        in one statement.
-
-        An effect whose mode is `self_reporting_mode` (its runner reports what it has) counts
-        as delivered here.
-        """
-        marks = ", ".join("?" for _ in from_states)
+    async def finish_effect(self, finish: Finish) -> EffectRecord | None:
+        """`finish` (see `Finish`); None when the effect was in none of its `from_states` (or
+        does not exist), and then nothing is written. Dialects may do it in one statement."""
+        marks = ", ".join("?" for _ in finish.from_states)
         row = await self._fetchrow(
             "UPDATE effects SET state = ?, result = ?, error = ?, lease_expires_us = NULL, "
             "finished_us = ?, updated_us = ?, "
             "delivered_us = CASE WHEN mode = ? THEN ? ELSE delivered_us END "
             "WHERE org_id = ? AND effect_id = ? "
             f"AND state IN ({marks}) RETURNING {EFFECT.select()}",
-            target,
-            result_json,
-            error,
-            now_us,
-            now_us,
-            self_reporting_mode,
-            now_us,
-            org_id,
-            effect_id,
-            *from_states,
+            finish.target,
+            finish.result_json,
+            finish.error,
+            finish.now_us,
+            finish.now_us,
+            finish.self_reporting_mode,
+            finish.now_us,
+            finish.org_id,
+            finish.effect_id,
+            *finish.from_states,
         )
         if row is None:
             return None
         effect = EFFECT.row(row)
-        payload = {"stage": target, "tool_name": effect.tool_name, "attempt": effect.attempts}
-        payload.update(extra)
+        payload = {
+            "stage": finish.target,
+            "tool_name": effect.tool_name,
+            "attempt": effect.attempts,
+        }
+        payload.update(finish.extra)
         await self.insert_event(
-            org_id, event_type, effect.session_id, effect_id, orjson.dumps(payload).decode(), now_us
-        )
+            finish.org_id, finish.event_type, effect.session_id, finish.effect_id,
+            orjson.dumps(payload).decode(), finish.now_us,
+        )  # fmt: skip
         return effect
 
     async def renew_lease(

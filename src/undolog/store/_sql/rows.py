@@ -16,7 +16,7 @@ from undolog.store.records import (
     ToolRecord,
     UndoEntryRecord,
 )
-from undolog_sdk.wire import EffectState, ExecutionMode
+from undolog_sdk.wire import EffectState
 
 EFFECT = columns(EffectRecord)
 UNDO = columns(UndoEntryRecord)
@@ -32,9 +32,7 @@ UNDO_NEW = UNDO.without("seq")  # the database assigns `seq`
 
 # The states the statements below filter on, bound as parameters. Callers may pass others;
 # these defaults are the wire values (undolog_sdk.wire), not rules of the store.
-FINISHABLE = (EffectState.EXECUTING.value, EffectState.IN_DOUBT.value)
 RUNNING = EffectState.EXECUTING.value
-SDK_RUNNER = ExecutionMode.SDK.value
 
 # What an id can name, for `Queries.session_owner`: its table and id column.
 OWNED_BY_SESSION = {
