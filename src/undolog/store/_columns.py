@@ -43,8 +43,7 @@ class Columns(Generic[R]):
 
     def select(self, alias: str = "") -> str:
         """`a, b, c` (or `x.a, x.b, x.c` with an alias), for SELECT and RETURNING."""
-        prefix = f"{alias}." if alias else ""
-        return ", ".join(prefix + name for name in self.names)
+        return _joined(self.names, f"{alias}." if alias else "")
 
     def without(self, *names: str) -> Columns[R]:
         """These columns less some (e.g. a key the database assigns)."""
@@ -56,7 +55,7 @@ class Columns(Generic[R]):
 
     def marks(self) -> str:
         """`?, ?, ?`: one placeholder per column."""
-        return ", ".join("?" for _ in self.names)
+        return _joined(("?",) * len(self.names), "")
 
     def insert(self, table: str) -> str:
         """`INSERT INTO table (a, b) VALUES (?, ?)`."""
@@ -76,6 +75,13 @@ class Columns(Generic[R]):
         for i in self._bools:  # SQLite answers 0/1 for a boolean column
             values[i] = bool(values[i])
         return self.record(*values)
+
+
+@lru_cache(maxsize=256)
+def _joined(names: tuple[str, ...], prefix: str) -> str:
+    """`prefix` + each name, comma-separated: built once per column set (the shared SQL
+    spells its column lists on every statement)."""
+    return ", ".join(prefix + name for name in names)
 
 
 _CACHE: dict[type[Any], Columns[Any]] = {}
