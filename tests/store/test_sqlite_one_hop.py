@@ -20,14 +20,14 @@ import asyncio
 import sqlite3
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import aiosqlite
 import pytest
 
 from tests.store.contract_helpers import make_effect, make_undo
+from tests.store.test_sqlite_group_commit import sqlite_store
 from undolog.engine import Engine, Outcome
 from undolog.store import Finish, NewCall, Queries
 from undolog.store.sqlite import SqliteStore
@@ -37,17 +37,9 @@ from undolog_sdk.errors import Database
 NOW = 1_700_000_000_000_000
 REPLAY = (("committed",), "effect_replayed", '{"stage":"replayed"}')
 INTERCEPTED = ("effect_intercepted", '{"stage":"executing"}')
+__all__ = ["sqlite_store"]  # the fixture, used here
+
 DEADLINE_S = 10  # a bound on waiting for what must happen, never a measure of time
-
-
-@pytest.fixture
-async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    store = await SqliteStore.open(f"sqlite:///{tmp_path / 'hop.db'}")
-    await store.migrate()
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 @pytest.fixture
