@@ -256,6 +256,37 @@ def test_tracing_is_off_without_the_opentelemetry_api(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_spans_record_nothing_until_a_tracer_provider_is_set_then_record() -> None:
+    """With OpenTelemetry installed and no tracer provider, a span is skipped cheaply (the
+    module reads OpenTelemetry's global, not `os.environ`, on each span); a provider set
+    later, while the process runs, is used from the next span on. In a process of its own:
+    a provider is set only once per process."""
+    probe = (
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
+        "from opentelemetry.sdk.trace.export.in_memory_span_exporter import "
+        "InMemorySpanExporter\n"
+        "import undolog.services.tracing as t\n"
+        "with t.span('undolog.before', tool='x') as s:\n"
+        "    assert s is None, s\n"
+        "exporter = InMemorySpanExporter()\n"
+        "provider = TracerProvider()\n"
+        "provider.add_span_processor(SimpleSpanProcessor(exporter))\n"
+        "trace.set_tracer_provider(provider)\n"
+        "with t.span('undolog.after', tool='x') as s:\n"
+        "    assert s is not None\n"
+        "names = [span.name for span in exporter.get_finished_spans()]\n"
+        "assert names == ['undolog.after'], names\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OTEL_PYTHON_TRACER_PROVIDER"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.mark.slow
 def test_the_server_runs_without_the_opentelemetry_sdk(
     tmp_path: Path, store_url: str, recorder: tuple[ThreadServer, list[dict[str, Any]]]

@@ -20,14 +20,14 @@ import asyncio
 import sqlite3
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import aiosqlite
 import pytest
 
 from tests.store.contract_helpers import make_effect, make_undo
-from tests.store.test_sqlite_group_commit import sqlite_store
+from tests.store.test_sqlite_group_commit import _orgs_on_disk, sqlite_store
 from undolog.engine import Engine, Outcome
 from undolog.store import Finish, NewCall, Queries
 from undolog.store.sqlite import SqliteStore
@@ -57,15 +57,6 @@ def hops(sqlite_store: SqliteStore, monkeypatch: pytest.MonkeyPatch) -> Iterator
     yield counted
 
 
-def _orgs_on_disk(store: SqliteStore) -> set[str]:
-    """The orgs another connection (another process) sees: committed rows only."""
-    conn = sqlite3.connect(store.path)
-    try:
-        return {row[0] for row in conn.execute("SELECT org_id FROM orgs")}
-    finally:
-        conn.close()
-
-
 async def _hop_write(store: SqliteStore, org_id: str, *, fail: bool = False) -> str:
     async def body(q: Queries) -> str:
         await q.ensure_org_exists(org_id, NOW)
@@ -89,6 +80,20 @@ class _Holder:
             await q.ensure_org_exists(org_id, NOW)
             self.holding.set()
             await self.go.wait()
+
+
+async def _hop_started(
+    store: SqliteStore, body: Callable[[Queries], Awaitable[Any]], holder: _Holder | None
+) -> asyncio.Task[Any]:
+    """A one-hop writer's task: alone, or queued behind `holder`, whose open batch it then
+    joins (the holder is released once the hop waits for it)."""
+    if holder is not None:
+        await holder.holding.wait()
+    task = asyncio.create_task(store._write_hop(body))
+    if holder is not None:
+        await _queued(store, 1)
+        holder.go.set()
+    return task
 
 
 async def _queued(store: SqliteStore, n: int) -> None:
@@ -300,12 +305,7 @@ async def test_a_body_that_suspends_fails_loudly_and_rolls_back_its_writes(
         await asyncio.sleep(0)  # not a query: there is no event loop in the writer's thread
 
     holder = _Holder(sqlite_store, "org-held") if batched else None
-    if holder is not None:
-        await holder.holding.wait()
-    task = asyncio.create_task(sqlite_store._write_hop(suspends))
-    if holder is not None:
-        await _queued(sqlite_store, 1)
-        holder.go.set()
+    task = await _hop_started(sqlite_store, suspends, holder)
     with pytest.raises(BodySuspended):
         await asyncio.wait_for(task, DEADLINE_S)
     if holder is not None:
@@ -370,12 +370,7 @@ async def test_a_one_hop_writer_cancelled_while_its_hop_runs_does_not_strand_the
         release.wait(DEADLINE_S)  # in the writer's thread: holds the hop, not the loop
 
     holder = _Holder(sqlite_store, "org-holder") if joined else None
-    if holder is not None:
-        await holder.holding.wait()
-    cancelled = asyncio.create_task(sqlite_store._write_hop(slow))
-    if holder is not None:
-        await _queued(sqlite_store, 1)
-        holder.go.set()  # hands its open batch on to the hop
+    cancelled = await _hop_started(sqlite_store, slow, holder)  # joins the holder's batch
     assert await asyncio.to_thread(inside.wait, DEADLINE_S)
     behind = asyncio.create_task(_hop_write(sqlite_store, "org-behind"))
     await _queued(sqlite_store, 1)  # so the hop leaves the batch open for it
