@@ -391,3 +391,54 @@ async def test_an_expired_task_is_not_found_and_its_row_goes(
             assert await q.get_mcp_task(gateway.org_id, kept.task_id) == kept
     finally:
         await store.close()
+
+
+# -- final: the status a task ends in does not change ------------------------------------------
+
+
+@pytest.mark.parametrize("gateway_store", ["sqlite", "postgres"], indirect=True)
+async def test_a_task_that_ended_stays_as_it_ended_when_its_effect_moves_on(
+    gateway: Gateway, gateway_store: str, session_id: str
+) -> None:
+    # The approved run in flight, then lost after sending (in doubt), then resolved by an
+    # operator as committed: the task went working -> failed, and failed is final (the spec).
+    store = await open_store(gateway_store)
+    try:
+        async with raw(gateway.url, gateway.api_key, session_id) as client:
+            task = await client.call_as_task("memory.delete_entities", {"entityNames": ["eve"]})
+            approval = await _pending_approval(gateway)
+            org_id, effect_id = gateway.org_id, approval["effect_id"]
+            async with store.transaction() as q:
+                assert await q.update_approval(
+                    org_id, approval["id"], expect_status="pending", status="approved",
+                    decided_us=now_us(),
+                )  # fmt: skip
+                assert await q.update_effect(
+                    org_id, effect_id, expect_state="awaiting_approval", state="executing",
+                    updated_us=now_us(),
+                )  # fmt: skip
+            working = await client.get(task["taskId"])
+            async with store.transaction() as q:
+                assert await q.update_effect(
+                    org_id, effect_id, expect_state="executing", state="in_doubt",
+                    error="the connection was lost after sending", updated_us=now_us(),
+                )  # fmt: skip
+            failed = await client.get(task["taskId"])
+            with gateway.rest() as rest:
+                resolved = rest.post(
+                    f"/effects/{effect_id}/resolve", json={"outcome": "committed", "result": {}}
+                )
+            assert resolved.status_code == 200, resolved.text
+            after = await client.get(task["taskId"])
+            result = await client.result("tasks/result", {"taskId": task["taskId"]})
+        async with store.reader() as q:
+            kept = await q.get_mcp_task(org_id, task["taskId"])
+    finally:
+        await store.close()
+    assert working["status"] == "working"
+    assert failed["status"] == "failed"
+    assert after == failed  # the same status, message and lastUpdatedAt
+    assert result["isError"]
+    assert result["_meta"]["undolog"]["error"]["code"] == "effect_in_doubt"
+    assert kept is not None and kept.result_json is not None
+    assert kept.ended_us is not None and kept.answers_effect is False

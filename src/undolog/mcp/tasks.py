@@ -5,7 +5,9 @@ instead of the tool's result. A call that waits for a person is not held: its ta
 `input_required` at once, naming the approval and where to decide it. Any other call runs as
 it would without `task` (synchronously), and its task is created `completed` (or `failed`,
 when the result is an error). `tasks/get` and `tasks/result` then answer from the store, so
-any proxy process answers them (docs/mcp.md, "MCP Tasks"):
+any proxy process answers them (docs/mcp.md, "MCP Tasks"). The status a task ends in is
+final: the first read that finds a waiting task ended keeps its answer with the task, so a
+later move of its effect (an in-doubt effect resolved, say) does not change it:
 
 | the call | task status | `tasks/result` |
 |---|---|---|
@@ -166,6 +168,10 @@ def task_view(
 ) -> TaskView | None:
     """The task's state from its rows (pure); None when they are gone (pruned)."""
     if task.result_json is not None:
+        if task.ended_us is not None:  # it waited, then ended: the answer kept then
+            return _ended(
+                orjson.loads(task.result_json), task.ended_us, answers=task.answers_effect
+            )
         return _ended(
             orjson.loads(task.result_json), task.created_us, answers=task.effect_id is not None
         )
@@ -352,7 +358,27 @@ class McpTasks:
         view = task_view(task, approval, effect, self._waiting(task, request))
         if view is None:  # its session was pruned (retention)
             raise MCPError(INVALID_PARAMS, NOT_FOUND)
+        if task.result_json is None and view.ended:
+            return await self._keep(runtime, task, view)
         return view
+
+    async def _keep(self, runtime: Runtime, task: McpTaskRecord, view: TaskView) -> TaskView:
+        """Keep the answer of a task that has just ended: the status a task ends in is final
+        (the spec), while its effect may still move (an in-doubt effect resolved later, a
+        failed one run again). The first answer kept stands, whichever process keeps it."""
+        assert view.result is not None
+        answer = orjson.dumps(view.result).decode()
+        async with runtime.store.transaction() as q:
+            kept = await q.end_mcp_task(
+                task.org_id, task.task_id, answer, view.updated_us, view.answers_effect
+            )
+            if kept:
+                return view
+            current = await q.get_mcp_task(task.org_id, task.task_id)
+        ended = task_view(current, None, None, "") if current is not None else None
+        if ended is None:  # deleted meanwhile (expired)
+            raise MCPError(INVALID_PARAMS, NOT_FOUND)
+        return ended
 
     def _waiting(self, task: McpTaskRecord, request: Any) -> str:
         approval_id = task.approval_id or ""

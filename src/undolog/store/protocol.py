@@ -281,6 +281,12 @@ class Queries(OperatorQueries, Protocol):
 
     async def get_mcp_task(self, org_id: str, task_id: str) -> McpTaskRecord | None: ...
 
+    async def end_mcp_task(
+        self, org_id: str, task_id: str, result_json: str, ended_us: int, answers_effect: bool
+    ) -> bool:
+        """Keep the answer of a task that has ended (migration 23); False when it already had
+        one: that answer stands."""
+
     async def delete_expired_mcp_tasks(self, org_id: str | None, now_us: int, limit: int) -> int:
         """Delete up to `limit` of the org's tasks (None: any org's) whose `expires_us` has
         passed."""

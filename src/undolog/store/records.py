@@ -213,7 +213,8 @@ class McpTaskRecord:
     """An MCP task: a task-augmented `tools/call` of the gateway (migration 19, docs/mcp.md).
 
     A call that waits for a person keeps only its effect and approval (its state is derived
-    from them); a call that ended at once keeps the answer it gave (`result_json`)."""
+    from them) until the task ends, when its answer is kept (migration 23: the status a task
+    ends in is final); a call that ended at once keeps the answer it gave (`result_json`)."""
 
     task_id: str  # random, unguessable; looked up with the caller's org
     org_id: str
@@ -226,6 +227,8 @@ class McpTaskRecord:
     created_us: int
     ttl_ms: int
     expires_us: int  # created_us + ttl: the row may be deleted from then on
+    ended_us: int | None = None  # when a task that waited ended (None: created ended)
+    answers_effect: bool = False  # that kept answer is the effect's result (not a refusal)
 
 
 # The states an effect is finished from unless a caller says otherwise (the wire values).

@@ -37,6 +37,22 @@ class TaskSql(abc.ABC):
         )
         return TASK.row(row) if row else None
 
+    async def end_mcp_task(
+        self, org_id: str, task_id: str, result_json: str, ended_us: int, answers_effect: bool
+    ) -> bool:
+        """Keep the answer of a task that has ended; False when it already had one (another
+        read, in this process or another, ended it first: that answer stands)."""
+        changed = await self._execute(
+            "UPDATE mcp_tasks SET result = ?, ended_us = ?, answers_effect = ? "
+            "WHERE org_id = ? AND task_id = ? AND result IS NULL",
+            result_json,
+            ended_us,
+            answers_effect,
+            org_id,
+            task_id,
+        )
+        return changed > 0
+
     async def delete_expired_mcp_tasks(self, org_id: str | None, now_us: int, limit: int) -> int:
         """Delete up to `limit` of the org's tasks (None: any org's) whose `expires_us` has
         passed."""
