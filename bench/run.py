@@ -30,6 +30,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -100,6 +101,36 @@ def machine_busy_ticks() -> int:
     """Busy clock ticks of all cores together (everything but idle and iowait), /proc/stat."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return sum(fields) - fields[3] - fields[4]
+
+
+def machine_speed(workdir: Path) -> dict[str, float]:
+    """Two figures of the machine itself, so that runs on different machines (or one machine
+    on a slow day: a shared host's steal time) can be told apart: a fixed piece of pure Python
+    (best of 5, ms; lower is faster) and the median of 200 `fdatasync`s of an 8 kB write in the
+    work folder (µs; every durable commit waits for one)."""
+    best = float("inf")
+    for _ in range(5):
+        began = time.perf_counter()
+        total = 0
+        for i in range(1_000_000):
+            total += i
+        best = min(best, time.perf_counter() - began)
+    waits = []
+    block = b"\0" * 8192
+    fd = os.open(workdir / "fsync-probe", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for _ in range(200):
+            os.pwrite(fd, block, 0)
+            began = time.perf_counter()
+            os.fdatasync(fd)
+            waits.append(time.perf_counter() - began)
+    finally:
+        os.close(fd)
+        (workdir / "fsync-probe").unlink()
+    return {
+        "python_loop_ms": round(best * 1000, 1),
+        "fdatasync_p50_us": round(statistics.median(waits) * 1e6, 1),
+    }
 
 
 def uses_uvloop(pid: int) -> bool:
@@ -632,6 +663,11 @@ async def main(args: argparse.Namespace) -> int:
     stores = args.stores.split(",")
     workdir = Path(tempfile.mkdtemp(prefix="undolog-bench-"))
     loadavg_before = os.getloadavg()
+    speed = machine_speed(workdir)
+    print(
+        f"machine: pure Python {speed['python_loop_ms']} ms (lower is faster), fdatasync "
+        f"p50 {speed['fdatasync_p50_us']} µs: compare runs of one machine state only"
+    )
     started = time.perf_counter()
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
     timeout = aiohttp.ClientTimeout(total=60)
@@ -729,6 +765,7 @@ async def main(args: argparse.Namespace) -> int:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
+            "speed": speed,
             "loadavg_before": loadavg_before,
             "loadavg_after": os.getloadavg(),
             "loadgen_uvloop": "uvloop" in type(asyncio.get_running_loop()).__module__,
