@@ -8,6 +8,8 @@ pool, uvloop when installed; not httpx's pooled AsyncClient, see DESIGN.md). For
 a shared machine hits all of them alike:
 
 - `direct`: POST /tools/echo on the upstream;
+- `forward`: the same request through `bench/floor.py`, a Python forwarder on the proxy's
+  stack that keeps nothing: the floor of any Python proxy on this machine;
 - `new`: POST /mcp/tool_call through UndoLog, a new call (each caller has its own session
   and takes the next step every call), so intercept + upstream + commit;
 - `replay`: the same body as an already committed call, answered from the effect log.
@@ -57,7 +59,7 @@ from targets import check_targets
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "latest.json"
-SCENARIOS = ("direct", "new", "replay")
+SCENARIOS = ("direct", "forward", "new", "replay")
 API_KEY = "ul_bench_" + uuid.uuid4().hex
 METRICS_TOKEN = "bench_metrics_" + uuid.uuid4().hex  # /metrics on the main port needs it
 ORG = "bench"
@@ -268,10 +270,16 @@ class Tally:
 
 class Bench:
     def __init__(
-        self, http: aiohttp.ClientSession, upstream: str, proxy: str, anchor: str | None
+        self,
+        http: aiohttp.ClientSession,
+        upstream: str,
+        floor: str,
+        proxy: str,
+        anchor: str | None,
     ) -> None:
         self.http = http
         self.upstream = upstream
+        self.floor = floor
         self.proxy = proxy
         self.anchor = anchor
         self.proxy_headers = {"X-Api-Key": API_KEY, "Content-Type": "application/json"}
@@ -282,9 +290,9 @@ class Bench:
     ) -> int:
         errors = 0
         for _ in range(n):
-            if scenario == "direct":
+            if scenario in ("direct", "forward"):
                 url, body, headers, expect = (
-                    self.upstream + "/tools/echo",
+                    (self.upstream if scenario == "direct" else self.floor) + "/tools/echo",
                     caller.direct_call(),
                     self.direct_headers,
                     b'"success":true',
@@ -384,6 +392,8 @@ async def measure_store(
     concurrencies: list[int],
     upstream_url: str,
     upstream_pid: int,
+    floor: Child,
+    floor_url: str,
     workdir: Path,
     http: aiohttp.ClientSession,
     admin: asyncpg.Connection | None,
@@ -435,7 +445,7 @@ async def measure_store(
         ) as response:
             if response.status != 200:
                 raise RuntimeError(f"PUT /tools/echo: {response.status} {await response.text()}")
-        bench = Bench(http, upstream_url, proxy_url, anchor.url if anchor else None)
+        bench = Bench(http, upstream_url, floor_url, proxy_url, anchor.url if anchor else None)
         tallies: dict[tuple[int, str], Tally] = {}
         print(f"\n== {store}: proxy pid {proxy.pid}, uvloop in proxy: {uses_uvloop(proxy.pid)}")
         for concurrency in concurrencies:
@@ -455,6 +465,7 @@ async def measure_store(
                     pids = {
                         "loadgen": [os.getpid()],
                         "upstream": [upstream_pid],
+                        "floor": [floor.pid],
                         "proxy": [proxy.pid],
                         "postgres": await postgres_backend_pids(admin, dbs),
                     }
@@ -584,6 +595,7 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for store, concurrency in sorted({(r["store"], r["concurrency"]) for r in rows}):
         direct = by[(store, concurrency, "direct")]
+        forward = by.get((store, concurrency, "forward"))
         new = by[(store, concurrency, "new")]
         replay = by[(store, concurrency, "replay")]
         out.append(
@@ -597,9 +609,23 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "replay_over_new_throughput": round(replay["calls_per_s"] / new["calls_per_s"], 2),
                 "direct_over_new_throughput": round(direct["calls_per_s"] / new["calls_per_s"], 1),
                 **anchor_ratios(direct, new, by.get((store, concurrency, ANCHOR))),
+                **floor_ratios(direct, forward, new),
             }
         )
     return out
+
+
+def floor_ratios(
+    direct: dict[str, Any], forward: dict[str, Any] | None, new: dict[str, Any]
+) -> dict[str, float]:
+    """The floor's row against the direct call, and UndoLog's new call against the floor."""
+    if forward is None:
+        return {}
+    return {
+        "forward_added_p50_ms": round(forward["p50_ms"] - direct["p50_ms"], 3),
+        "forward_over_direct_throughput": round(forward["calls_per_s"] / direct["calls_per_s"], 3),
+        "new_over_forward_throughput": round(new["calls_per_s"] / forward["calls_per_s"], 3),
+    }
 
 
 def print_report(
@@ -623,9 +649,22 @@ def print_report(
             f"{r['replay_over_new_throughput']:>16.2f}{r['direct_over_new_throughput']:>16.1f}"
         )
     print_anchor(ratio_rows, anchors)
+    floors = [r for r in ratio_rows if "forward_over_direct_throughput" in r]
+    if floors:
+        print(
+            "\nThe floor (bench/floor.py: a Python forwarder keeping nothing, same stack):\n"
+            f"{'store':<9}{'conc':>4}  {'floor added p50 ms':>18}{'floor/direct thr':>18}"
+            f"{'new/floor thr':>15}"
+        )
+        for r in floors:
+            print(
+                f"{r['store']:<9}{r['concurrency']:>4}  {r['forward_added_p50_ms']:>18.2f}"
+                f"{r['forward_over_direct_throughput']:>18.3f}"
+                f"{r['new_over_forward_throughput']:>15.3f}"
+            )
     print("\nWhere the proxy's time goes (means of its histograms over each scenario, ms):")
     for row in rows:
-        if row["scenario"] in ("direct", ANCHOR):
+        if row["scenario"] in ("direct", "forward", ANCHOR):
             continue
         means = row["proxy_histogram_means"]
         parts = [
@@ -682,10 +721,19 @@ async def main(args: argparse.Namespace) -> int:
         [sys.executable, "-m", "undolog", "demo-tools", "--port", str(upstream_port)],
         workdir,
     )
+    upstream_url = f"http://127.0.0.1:{upstream_port}"
+    floor_port = free_port()
+    floor = Child(
+        "floor",
+        [sys.executable, str(HERE / "floor.py"), "--port", str(floor_port), "--upstream",
+         upstream_url],
+        workdir,
+    )  # fmt: skip
+    floor_url = f"http://127.0.0.1:{floor_port}"
     try:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-            upstream_url = f"http://127.0.0.1:{upstream_port}"
             await upstream.wait_healthy(upstream_url + "/health", http)
+            await floor.wait_healthy(floor_url + "/health", http)
             for store in stores:
                 if store == "sqlite":
                     url = f"sqlite:///{workdir / 'bench.db'}"
@@ -707,7 +755,8 @@ async def main(args: argparse.Namespace) -> int:
                 else:
                     raise SystemExit(f"unknown store {store!r}: expected sqlite or postgres")
                 results[store] = await measure_store(
-                    store, url, plan, concurrencies, upstream_url, upstream.pid, workdir, http,
+                    store, url, plan, concurrencies, upstream_url, upstream.pid, floor,
+                    floor_url, workdir, http,
                     admin if store == "postgres" else None, pg_db if store == "postgres" else None,
                     Path(args.py_spy) if args.py_spy else None,
                     anchor if store == "postgres" else None,
@@ -723,6 +772,7 @@ async def main(args: argparse.Namespace) -> int:
                 )  # fmt: skip
     finally:
         upstream.stop()
+        floor.stop()
         if anchor is not None and anchor.child is not None:
             anchor.child.stop()
         if admin is not None:
