@@ -381,3 +381,60 @@ async def test_a_batch_of_finishes_whose_backend_is_terminated_is_not_sent_again
         for effect in (blocked, other):
             current = await q.get_effect(org_id, effect.effect_id)
             assert current is not None and current.state == "executing"
+
+
+# The lanes' connections.
+
+
+def _pool(store: Store) -> asyncpg.Pool:
+    assert isinstance(store, PostgresStore)
+    return store._pool
+
+
+async def test_a_lane_keeps_its_connection_for_the_statements_that_waited_behind_it(
+    one_lane: Store, org_id: str
+) -> None:
+    pg = one_lane
+    effects = [make_effect(org_id) for _ in range(4)]
+    # Different replay event types: calls that cannot share a statement, so the lane sends
+    # the three that waited one after another.
+    outcomes = await asyncio.gather(
+        *(
+            pg.execute_new(NewCall.of(e, None, INTERCEPTED), (REPLAY[0], f"replayed_{i}", "{}"))
+            for i, e in enumerate(effects)
+        )
+    )
+    assert outcomes == [("inserted", None)] * 4
+    group = _group(pg)
+    assert (group.statements, group.calls, group.connections) == (4, 4, 1)
+    # Idle again: the connection is back in the pool, and the next call takes one.
+    assert _pool(pg).get_idle_size() == _pool(pg).get_size()
+    again = make_effect(org_id)
+    assert await pg.execute_new(NewCall.of(again, None, INTERCEPTED), REPLAY) == ("inserted", None)
+    assert (group.statements, group.connections) == (5, 2)
+
+
+async def test_a_lane_whose_connection_is_terminated_takes_another_for_the_next_statement(
+    one_lane: Store, pg_url: str, org_id: str
+) -> None:
+    pg = one_lane
+    first, blocked, after = (make_effect(org_id) for _ in range(3))
+    async with pg.transaction() as q:
+        await q.touch_session(org_id, blocked.session_id, 0, NOW)
+    lock = "SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE"
+    async with _row_held(pg_url, lock, blocked.session_id) as terminate_blocked:
+        # The lone call is blocked on the row; two calls that cannot share a statement wait
+        # behind it (different replay event types) and go one after another on its lane.
+        answers = asyncio.gather(
+            pg.execute_new(NewCall.of(blocked, None, INTERCEPTED), REPLAY),
+            pg.execute_new(NewCall.of(first, None, INTERCEPTED), (REPLAY[0], "other", "{}")),
+            pg.execute_new(NewCall.of(after, None, INTERCEPTED), (REPLAY[0], "third", "{}")),
+            return_exceptions=True,
+        )
+        await terminate_blocked()
+        results = await answers
+    assert isinstance(results[0], Database)
+    assert results[1:] == [("inserted", None), ("inserted", None)]
+    group = _group(pg)
+    assert (group.statements, group.connections) == (3, 2)
+    assert _pool(pg).get_idle_size() == _pool(pg).get_size()
