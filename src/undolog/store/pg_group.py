@@ -28,12 +28,6 @@ transaction and one WAL flush for all of them. `CallGroup` does that for any suc
   call does.
 - A caller cancelled while it waits does not stop the others: a call not yet sent is left
   out; one already sent completes with its batch (as a lone call that was sent does).
-- A lane keeps its pool connection while it has statements to send (a lone call, then the
-  batches that waited behind it), and gives it back when it goes idle: one pool acquire and
-  release per busy spell instead of one per statement (each ~45 µs of the proxy's CPU). A
-  statement that raises gives its connection back to the pool at once (the pool checks or
-  replaces it), and the lane takes another for its next statement. The group holds no
-  connection while idle, so it takes no more of the pool than it did per statement.
 """
 
 from __future__ import annotations
@@ -165,41 +159,12 @@ class _Waiting:
     )
 
 
-class _Lane:
-    """The pool connection of one statement slot, kept while the slot has work."""
-
-    __slots__ = ("_conn", "_group")
-
-    def __init__(self, group: CallGroup) -> None:
-        self._group = group
-        self._conn: Any = None
-
-    async def fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
-        conn = self._conn
-        if conn is None or conn.is_closed():
-            await self.release()
-            conn = self._conn = await self._group._pool.acquire()
-            self._group.connections += 1
-        try:
-            rows: list[Any] = await conn.fetch(sql, *args)
-        except BaseException:
-            # Refused, lost or cancelled mid-statement: the pool checks (or replaces) it.
-            await self.release()
-            raise
-        return rows
-
-    async def release(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            await self._group._pool.release(conn)
-
-
 class CallGroup:
     """Sends calls of one `Function`, alone or, when they wait for one another, together.
 
     `lanes`: how many statements may be out at once. `statements` counts the statements sent
-    (each one transaction, one WAL flush), `calls` the calls they carried and `connections`
-    the pool connections its lanes took: for tests and measurements.
+    (each one transaction, one WAL flush) and `calls` the calls they carried: for tests and
+    measurements.
     """
 
     def __init__(self, pool: asyncpg.Pool, function: Function, *, lanes: int = LANES) -> None:
@@ -213,7 +178,6 @@ class CallGroup:
         self._tasks: set[asyncio.Task[None]] = set()
         self.statements = 0
         self.calls = 0
-        self.connections = 0
 
     async def run(self, key: tuple[str, ...], args: Sequence[Any], shared: tuple[Any, ...]) -> Row:
         """One call's row (None: the function returned none); raises what the driver raises.
@@ -223,47 +187,46 @@ class CallGroup:
         equal)."""
         if self._out < self.lanes:
             self._out += 1
-            lane = _Lane(self)
             try:
-                return await self._alone(lane, args, shared)
+                return await self._alone(args, shared)
             finally:
-                await self._hand_on(lane)
+                self._hand_on()
         waiting = _Waiting(key, args, shared)
         self._queue.append(waiting)
         return await waiting.future
 
-    async def _alone(self, lane: _Lane, args: Sequence[Any], shared: tuple[Any, ...]) -> Row:
+    async def _alone(self, args: Sequence[Any], shared: tuple[Any, ...]) -> Row:
         self.statements += 1
         self.calls += 1
-        rows = await lane.fetch(self._single_sql, self._function.single_args(args, shared))
-        return tuple(rows[0]) if rows else None
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(self._single_sql, *self._function.single_args(args, shared))
+        return tuple(row) if row is not None else None
 
-    async def _hand_on(self, lane: _Lane) -> None:
-        """A statement is back: its lane sends what waited, or gives back its connection
-        and is free for a call alone."""
+    def _hand_on(self) -> None:
+        """A statement is back: its lane sends what waited, or is free for a call alone."""
         self._queue = [w for w in self._queue if not w.future.done()]
         if not self._queue:
             self._out -= 1
-            await lane.release()
             return
-        task = asyncio.get_running_loop().create_task(self._drain(lane))
+        task = asyncio.get_running_loop().create_task(self._drain())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _drain(self, lane: _Lane) -> None:
+    async def _drain(self) -> None:
         """Send the waiting calls, a batch at a time, until none waits."""
         batch: list[_Waiting] = []
         try:
             while True:
                 self._queue = [w for w in self._queue if not w.future.done()]
                 if not self._queue:
-                    break
+                    self._out -= 1
+                    return
                 shared = self._queue[0].shared
                 batch = [w for w in self._queue if w.shared == shared][:MAX_BATCH]
                 taken = {id(w) for w in batch}
                 self._queue = [w for w in self._queue if id(w) not in taken]
                 batch.sort(key=lambda w: w.key)
-                results = await self._send(lane, batch, shared)
+                results = await self._send(batch, shared)
                 for waiting, result in zip(batch, results, strict=True):
                     if waiting.future.done():
                         continue
@@ -280,23 +243,19 @@ class CallGroup:
                 else:
                     waiting.future.set_exception(exc)
             self._queue = []
-            raise
-        finally:
-            # No await between the last look at the queue and this: a call that comes
-            # meanwhile either waited (and went) or finds the lane free.
             self._out -= 1
-            await lane.release()
+            raise
 
     async def _send(
-        self, lane: _Lane, batch: list[_Waiting], shared: tuple[Any, ...]
+        self, batch: list[_Waiting], shared: tuple[Any, ...]
     ) -> list[Row | BaseException]:
         if len(batch) == 1:
             try:
-                return [await self._alone(lane, batch[0].args, shared)]
+                return [await self._alone(batch[0].args, shared)]
             except Exception as exc:
                 return [exc]
         try:
-            rows = await self._together(lane, batch, shared)
+            rows = await self._together(batch, shared)
         except asyncpg.PostgresError as exc:
             if _connection_ended(exc):
                 return [exc] * len(batch)
@@ -305,7 +264,7 @@ class CallGroup:
             results: list[Row | BaseException] = []
             for waiting in batch:
                 try:
-                    results.append(await self._alone(lane, waiting.args, shared))
+                    results.append(await self._alone(waiting.args, shared))
                 except Exception as exc:
                     results.append(exc)
             return results
@@ -313,13 +272,12 @@ class CallGroup:
             return [exc] * len(batch)
         return list(rows)
 
-    async def _together(
-        self, lane: _Lane, batch: list[_Waiting], shared: tuple[Any, ...]
-    ) -> list[Row]:
+    async def _together(self, batch: list[_Waiting], shared: tuple[Any, ...]) -> list[Row]:
         self.statements += 1
         self.calls += len(batch)
         args = self._function.batch_args([w.args for w in batch], shared)
-        rows = await lane.fetch(self._batch_sql, args)
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(self._batch_sql, *args)
         # The rows of each call, numbered from 1; a call whose function returned none has none.
         by_n = {int(row[0]): tuple(row[1:]) for row in rows}
         return [by_n.get(i) for i in range(1, len(batch) + 1)]
