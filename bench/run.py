@@ -354,6 +354,23 @@ class Bench:
             return parse_histograms(await response.text())
 
 
+async def analyze(admin_url: str, database: str) -> None:
+    """Give the planner statistics of a database the warm-up filled, as autovacuum would.
+
+    The proxy's connections plan the store's statements (and cache the plans) on their first
+    calls, when the tables are empty: without statistics PostgreSQL may then look an effect up
+    by its signature through `effects_by_session` (org alone) rather than the signature's
+    unique index, reading every effect of the org on each call, until an ANALYZE invalidates
+    the cached plans. A server with autovacuum off (as this machine's PostgreSQL runs) never
+    does that, and PostgreSQL's CPU per call then grows with the table.
+    """
+    conn = await asyncpg.connect(f"{admin_url.rsplit('/', 1)[0]}/{database}")
+    try:
+        await conn.execute("ANALYZE")
+    finally:
+        await conn.close()
+
+
 async def postgres_backend_pids(admin: asyncpg.Connection | None, dbs: list[str]) -> list[int]:
     """The backends connected to the bench's databases (UndoLog's and the anchor's)."""
     if admin is None or not dbs:
@@ -397,6 +414,7 @@ async def measure_store(
     workdir: Path,
     http: aiohttp.ClientSession,
     admin: asyncpg.Connection | None,
+    pg_admin_url: str | None,
     pg_db: str | None,
     py_spy: Path | None,
     anchor: Anchor | None,
@@ -453,6 +471,9 @@ async def measure_store(
             # Warm-up (connections, pools, caches); it also commits calls for the replays.
             for scenario in scenarios:
                 await bench.chunk(scenario, callers, plan.warmup[concurrency], None)
+            if pg_admin_url is not None:  # the plans a server with autovacuum would have
+                for database in dbs:
+                    await analyze(pg_admin_url, database)
             if py_spy is not None and spy is None:
                 spy = start_py_spy(proxy.pid, py_spy / f"proxy-{store}.txt", workdir)
             for scenario in scenarios:
@@ -757,7 +778,9 @@ async def main(args: argparse.Namespace) -> int:
                 results[store] = await measure_store(
                     store, url, plan, concurrencies, upstream_url, upstream.pid, floor,
                     floor_url, workdir, http,
-                    admin if store == "postgres" else None, pg_db if store == "postgres" else None,
+                    admin if store == "postgres" else None,
+                    args.pg_admin_url if store == "postgres" else None,
+                    pg_db if store == "postgres" else None,
                     Path(args.py_spy) if args.py_spy else None,
                     anchor if store == "postgres" else None,
                 )  # fmt: skip

@@ -23,7 +23,7 @@ import run as bench
 
 from undolog.supervisor import WORKER_HEADER_ENV
 
-__all__ = ["analyze", "measure_workers"]
+__all__ = ["measure_workers"]
 
 
 def descendants(pid: int) -> list[int]:
@@ -38,23 +38,6 @@ def descendants(pid: int) -> list[int]:
             continue
         todo += [int(child) for child in text.split()]
     return found
-
-
-async def analyze(admin_url: str, database: str) -> None:
-    """Give the planner statistics of a database the warm-up filled, as autovacuum would.
-
-    The proxy's connections plan the store's statements (and cache the plans) on their first
-    calls, when the tables are empty: without statistics PostgreSQL may then look an effect up
-    by its signature through `effects_by_session` (org alone) rather than the signature's
-    unique index, reading every effect of the org on each call, until an ANALYZE invalidates
-    the cached plans. A server with autovacuum off (as a shared bench server may run) never
-    does that, and PostgreSQL's CPU per call then grows with the table.
-    """
-    conn = await asyncpg.connect(f"{admin_url.rsplit('/', 1)[0]}/{database}")
-    try:
-        await conn.execute("ANALYZE")
-    finally:
-        await conn.close()
 
 
 async def _start(
@@ -127,7 +110,7 @@ async def measure_workers(
         callers = {count: [bench.Caller() for _ in range(concurrency)] for count in counts}
         for count, (_, runner, database) in proxies.items():
             await runner.chunk("new", callers[count], plan.warmup[concurrency], None)
-            await analyze(admin_url, database)
+            await bench.analyze(admin_url, database)
         tallies = {count: bench.Tally() for count in counts}
         for r in range(plan.rounds):
             order = counts[r % len(counts) :] + counts[: r % len(counts)]

@@ -1,6 +1,7 @@
-"""bench/scaling.py: after the warm-up, a configuration's database is analyzed, so that the
-measured rounds run on the plans a database with autovacuum would have (an effect found by
-its signature through the signature's unique index, not by reading the org's effects)."""
+"""bench/run.py and bench/scaling.py: after the warm-up, the bench's database is analyzed, so
+that the measured rounds run on the plans a database with autovacuum would have (an effect
+found by its signature through the signature's unique index, not by reading the org's
+effects)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from undolog.store import NewCall, open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from scaling import analyze
+from run import analyze
 
 SIGNATURE_LOOKUP = "SELECT * FROM effects WHERE org_id = $1 AND call_signature = $2"
 
