@@ -110,6 +110,22 @@ async def unknown_tool_org(
     return None
 
 
+async def warn_without_autovacuum(store: Store) -> bool:
+    """Log a warning when the PostgreSQL server runs without autovacuum (True if it did):
+    the planner then never gets statistics, and lookups planned on small tables stay slow as
+    they grow (docs/deploy.md, "PostgreSQL sizing")."""
+    from undolog.store.postgres import PostgresStore
+
+    if not isinstance(store, PostgresStore) or await store.autovacuum_on():
+        return False
+    structlog.get_logger("undolog.proxy").warning(
+        "postgres_autovacuum_off",
+        hint="the server's autovacuum is off: run ANALYZE on this database regularly (or turn "
+        "autovacuum on), or lookups planned while the tables were small read whole orgs",
+    )
+    return True
+
+
 async def prepare_store(store: Store, settings: Settings) -> None:
     """Migrate the store and seed the configured orgs, keys and tools.
 
@@ -117,6 +133,7 @@ async def prepare_store(store: Store, settings: Settings) -> None:
     starts its workers (`undolog serve --workers N`), so N processes never race to do it.
     """
     await store.migrate()
+    await warn_without_autovacuum(store)
     problem = await unknown_tool_org(store, settings)
     if problem:
         raise ValueError(problem)

@@ -368,6 +368,20 @@ class PostgresStore(StoreBase):
             raise Database(str(exc)) from exc
         return int(value or 0)
 
+    async def autovacuum_on(self) -> bool:
+        """Whether the server runs autovacuum, which also keeps the planner's statistics.
+
+        The store's statements are planned once per connection and cached. Without
+        statistics (autovacuum off and no ANALYZE), plans made while `effects` was small stay:
+        PostgreSQL may then find an effect by its signature through `effects_by_session`,
+        reading every effect of the org on each call. An ANALYZE (autovacuum's, or anyone's)
+        makes every connection plan again."""
+        try:
+            async with self._pool.acquire() as conn:
+                return bool(await conn.fetchval("SELECT current_setting('autovacuum') = 'on'"))
+        except _DRIVER_ERRORS as exc:
+            raise Database(str(exc)) from exc
+
     async def migrate(self) -> int:
         try:
             async with self._pool.acquire() as conn:
