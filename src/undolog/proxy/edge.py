@@ -27,7 +27,6 @@ import asyncio
 import hmac
 import re
 import time
-import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -43,7 +42,7 @@ from undolog.proxy.inputs import path_problem
 from undolog.proxy.ratelimit import FailureLimiter, client_address
 from undolog.proxy.roles import Principal, allowed
 from undolog.proxy.ui_auth import UiSessions, cookie_token, same_origin
-from undolog.proxy.wire import error_body
+from undolog.proxy.wire import error_body, uuid4_str
 from undolog.services.metrics import ProxyMetrics
 from undolog.store.records import KeyRecord
 from undolog_sdk.errors import (
@@ -221,9 +220,7 @@ class Edge:
             await self.app(scope, receive, send)
             return
         supplied = _header(scope, b"x-request-id")
-        request_id = (
-            supplied if supplied and _SAFE_REQUEST_ID.match(supplied) else str(uuid.uuid4())
-        )
+        request_id = supplied if supplied and _SAFE_REQUEST_ID.match(supplied) else uuid4_str()
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         path: str = scope["path"]

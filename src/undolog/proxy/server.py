@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
-import uuid
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -31,7 +30,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from undolog.config import Settings
 from undolog.logs import uvicorn_log_config
-from undolog.proxy.wire import error_body
+from undolog.proxy.wire import error_body, uuid4_str
 
 __all__ = [
     "BoundedHttpToolsProtocol",
@@ -74,7 +73,7 @@ class ConnectionLimits:
 def _refusal(status: int, reason: str, code: str, message: str) -> bytes:
     """A whole HTTP response with the error body and a fresh request id (built per refusal:
     refusals are rare and must not share a timestamp or an id)."""
-    request_id = str(uuid.uuid4())
+    request_id = uuid4_str()
     body = orjson.dumps(error_body(request_id, code, message))
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
