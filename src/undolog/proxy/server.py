@@ -11,9 +11,12 @@ how many connections may sit open. `BoundedHttpToolsProtocol` adds, per connecti
 - a cap on open connections: one above it is answered a canned `503` and closed at once.
 
 uvicorn's own `timeout_keep_alive` bounds the idle time between requests. The hot path costs
-one integer addition per received chunk while a head is being read, and one timer per request
-(uvicorn already arms one for keep-alive). `build_server` builds the `uvicorn.Server` from
-`Settings`; the CLI and the test harness both use it, so tests exercise the same protection.
+one integer addition per received chunk while a head is being read, and a clock read per
+request: the head deadline is a time on the connection, checked by one timer per connection
+that re-arms itself for the deadline it finds, rather than a timer armed and cancelled per
+request (uvicorn already arms one per request for keep-alive). `build_server` builds the
+`uvicorn.Server` from `Settings`; the CLI and the test harness both use it, so tests exercise
+the same protection.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ TOO_MANY_CONNECTIONS = "too_many_connections"
 LINGER_SECONDS = 2.0
 # Descriptors kept out of the connection cap: store connections, upstream sockets, log files.
 RESERVED_FILES = 128
+# A timer may fire this much before its time (the loop's clock resolution): still due.
+_TIMER_SLACK = 0.001
 # uvicorn's own setting of the addresses whose X-Forwarded-For / X-Forwarded-Proto it trusts.
 FORWARDED_ALLOW_IPS = "FORWARDED_ALLOW_IPS"
 
@@ -99,6 +104,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._reading_head = True  # between requests or inside a head: bytes count
         self._head_bytes = 0
+        # When the head being read must be complete (None: no head in progress), and the one
+        # timer that checks it: it fires at a deadline, finds the current one, and closes the
+        # connection or re-arms for a later deadline (a request that began since).
+        self._head_deadline: float | None = None
         self._head_timer: asyncio.TimerHandle | None = None
         self._discarding = False  # refused: what still arrives is read and dropped
 
@@ -129,7 +138,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if not self._reading_head:
             super().data_received(data)
             return
-        if self._head_timer is None:
+        if self._head_deadline is None:
             self._arm_head_timer()  # the first byte of a request after keep-alive
         self._head_bytes += len(data)
         super().data_received(data)
@@ -141,7 +150,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._discarding:
             return
         self._reading_head = False
-        self._cancel_head_timer()
+        self._head_deadline = None  # the timer, if pending, finds no head and lapses
         if self._head_bytes > self.limits.max_header_bytes and self._head_size() > (
             self.limits.max_header_bytes
         ):
@@ -201,18 +210,29 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _arm_head_timer(self) -> None:
-        self._head_timer = self.loop.call_later(
-            self.limits.header_timeout_seconds, self._head_timed_out
-        )
+        """A head starts now: it must be complete within `header_timeout_seconds`."""
+        deadline = self.loop.time() + self.limits.header_timeout_seconds
+        self._head_deadline = deadline
+        if self._head_timer is None:  # else the pending one re-arms itself for this deadline
+            self._head_timer = self.loop.call_at(deadline, self._check_head_deadline)
 
     def _cancel_head_timer(self) -> None:
+        self._head_deadline = None
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
 
-    def _head_timed_out(self) -> None:
+    def _check_head_deadline(self) -> None:
         self._head_timer = None
-        if self._reading_head and not self.transport.is_closing():
+        deadline = self._head_deadline
+        if deadline is None or not self._reading_head:
+            return  # no head in progress: the next one arms a timer again
+        if self.loop.time() + _TIMER_SLACK < deadline:
+            # A later request's head: wait for its own deadline.
+            self._head_timer = self.loop.call_at(deadline, self._check_head_deadline)
+            return
+        self._head_deadline = None
+        if not self.transport.is_closing():
             self.transport.close()
 
 
