@@ -2,21 +2,29 @@
 
 Cached metric children, request ids built without `uuid.UUID`, the forwarded-headers
 middleware only when trusted proxies are configured, the one-shot HMAC of the upstream
-signature.
+signature, a principal's actor built once, the body the edge read handed to a fast route.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import uuid
 
 import pytest
+from starlette.requests import Request
+from starlette.responses import Response
 
 from undolog.config import Settings
+from undolog.engine.keys import Role
+from undolog.engine.model import Actor
+from undolog.proxy.edge import Edge, KeyResolver
+from undolog.proxy.roles import Principal
 from undolog.proxy.server import FORWARDED_ALLOW_IPS, build_config, trusts_forwarded_headers
 from undolog.proxy.wire import uuid4_str
 from undolog.services.metrics import ProxyMetrics
+from undolog.store.records import KeyRecord
 from undolog.upstreams import sign_upstream_request, verify_upstream_signature
 
 
@@ -105,3 +113,58 @@ def test_the_upstream_signature_is_the_hmac_sha256_of_the_v1_message() -> None:
         "X-UndoLog-Signature": f"v1={expected}",
     }
     assert verify_upstream_signature(secret, headers, effect, now=17) == org
+
+
+def test_a_principals_actor_is_built_once_and_follows_its_role() -> None:
+    agent = Principal("org_a", "key_1", "bot", Role.AGENT)
+    assert agent.actor is agent.actor
+    assert agent.actor == Actor("key_1", own_sessions_only=True, key_name="bot")
+    admin = dataclasses.replace(agent, role=Role.ADMIN)
+    assert admin.actor == Actor("key_1", own_sessions_only=False, key_name="bot")
+    assert agent == Principal("org_a", "key_1", "bot", Role.AGENT)
+    assert hash(agent) == hash(Principal("org_a", "key_1", "bot", Role.AGENT))
+    assert "_actor" not in repr(agent)
+
+
+async def test_a_fast_route_gets_the_body_the_edge_read_and_receive_goes_on_past_it() -> None:
+    record = KeyRecord("key_1", "h", "org_a", "bot", "agent", "cli", 0, None, None)
+    seen: dict[str, object] = {}
+
+    async def lookup(key_hash: str) -> KeyRecord | None:
+        return record
+
+    async def handler(request: Request) -> Response:
+        seen["body"] = await request.body()
+        seen["next"] = await request.receive()  # past the body: the server's own messages
+        seen["org"] = request.state.org_id
+        return Response(b"{}", media_type="application/json")
+
+    async def app(scope: object, receive: object, send: object) -> None:  # pragma: no cover
+        raise AssertionError("the fast route answers, not the app")
+
+    edge = Edge(
+        app, metrics=ProxyMetrics.create(), keys=KeyResolver(lookup), max_body_bytes=1 << 20
+    )
+    edge.fast_routes[("POST", "/mcp/tool_call")] = (object(), handler)
+    incoming = [
+        {"type": "http.request", "body": b'{"a":', "more_body": True},
+        {"type": "http.request", "body": b"1}", "more_body": False},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        return incoming.pop(0)
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/mcp/tool_call",
+        "headers": [(b"x-api-key", b"ulk_test"), (b"content-length", b"7")],
+    }
+    await edge(scope, receive, send)
+    assert seen == {"body": b'{"a":1}', "next": {"type": "http.disconnect"}, "org": "org_a"}
+    assert sent[0]["status"] == 200

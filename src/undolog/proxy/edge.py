@@ -185,6 +185,24 @@ async def _send_error(
     await send({"type": "http.response.body", "body": body})
 
 
+class _BodyReplay:
+    """A request's body, read whole by the edge, handed to the app as one message; after
+    it, the server's own `receive` (which then only reports a disconnect)."""
+
+    __slots__ = ("_receive", "body", "delivered")
+
+    def __init__(self, body: bytes, receive: Receive) -> None:
+        self.body = body
+        self.delivered = False
+        self._receive = receive
+
+    async def __call__(self) -> Message:
+        if not self.delivered:
+            self.delivered = True
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        return await self._receive()
+
+
 class Edge:
     """Wraps the FastAPI app; see the module docstring for what it does, in order."""
 
@@ -281,8 +299,14 @@ class Edge:
         route, handler = fast
         scope["app"] = self.app  # what `request.app` is inside the handler
         scope["route"] = route
+        request = Request(scope, receive)
+        if type(receive) is _BodyReplay:
+            # Read whole already: the handler's `body()` takes it as Starlette caches it,
+            # without a stream over the replay (and `receive` is past the body from here on).
+            request._body = receive.body
+            receive.delivered = True
         try:
-            response = await handler(Request(scope, receive))
+            response = await handler(request)
         except Exception as exc:  # answered as the app's own handler would
             response = answer_error(request_id, exc, path)
         await response(scope, receive, send)
@@ -306,17 +330,7 @@ class Edge:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
-        delivered = False
-
-        async def replay() -> Message:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        return replay
+        return _BodyReplay(b"".join(chunks), receive)
 
     async def _authenticate(self, scope: Scope) -> Principal:
         key = _header(scope, b"x-api-key")
