@@ -145,7 +145,8 @@ async def test_a_fast_route_gets_the_body_the_edge_read_and_receive_goes_on_past
     edge = Edge(
         app, metrics=ProxyMetrics.create(), keys=KeyResolver(lookup), max_body_bytes=1 << 20
     )
-    edge.fast_routes[("POST", "/mcp/tool_call")] = (object(), handler)
+    route = type("Route", (), {"path": "?"})()
+    edge.fast_routes[("POST", "/mcp/tool_call")] = (route, handler)
     incoming = [
         {"type": "http.request", "body": b'{"a":', "more_body": True},
         {"type": "http.request", "body": b"1}", "more_body": False},
@@ -168,3 +169,8 @@ async def test_a_fast_route_gets_the_body_the_edge_read_and_receive_goes_on_past
     await edge(scope, receive, send)
     assert seen == {"body": b'{"a":1}', "next": {"type": "http.disconnect"}, "org": "org_a"}
     assert sent[0]["status"] == 200
+    headers = sent[0]["headers"]
+    assert isinstance(headers, list)
+    assert headers[-1][0] == b"x-request-id" and len(headers[-1][1]) == 36
+    labels = {"route": "?", "status": "200"}
+    assert edge.metrics.registry.get_sample_value("undolog_proxy_http_requests_total", labels)

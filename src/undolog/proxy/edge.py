@@ -185,6 +185,19 @@ async def _send_error(
     await send({"type": "http.response.body", "body": body})
 
 
+def _with_id(send: Send, request_id: str, status_holder: list[int]) -> Send:
+    """`send` adding the `X-Request-Id` header to the response and noting its status."""
+    rid = request_id.encode()
+
+    async def send_with_id(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            status_holder[0] = message["status"]
+            message["headers"] = [*message.get("headers", []), (b"x-request-id", rid)]
+        await send(message)
+
+    return send_with_id
+
+
 class _BodyReplay:
     """A request's body, read whole by the edge, handed to the app as one message; after
     it, the server's own `receive` (which then only reports a disconnect)."""
@@ -250,17 +263,9 @@ class Edge:
             return
 
         status_holder = [500]
-        rid = request_id.encode()
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status_holder[0] = message["status"]
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid)]
-            await send(message)
-
         started = time.perf_counter()
         try:
-            await self._guarded(scope, receive, send_with_id, request_id, path)
+            await self._guarded(scope, receive, send, request_id, path, status_holder)
         finally:
             route = scope.get("route")
             label = getattr(route, "path", None) or "unmatched"
@@ -268,8 +273,15 @@ class Edge:
             self.metrics.http_duration.labels(label).observe(time.perf_counter() - started)
 
     async def _guarded(
-        self, scope: Scope, receive: Receive, send: Send, request_id: str, path: str
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        request_id: str,
+        path: str,
+        status_holder: list[int],
     ) -> None:
+        """Limits and auth, then the route; `status_holder` gets the answer's status."""
         try:
             if scope["method"] in _BODY_METHODS:
                 receive = await self._bounded_body(scope, receive)
@@ -289,12 +301,13 @@ class Edge:
             if problem is not None:
                 raise InvalidRequest(problem)
         except UndoLogError as exc:
-            # The app's one mapping (`send` is the wrapper that adds the X-Request-Id header).
-            await answer_error(request_id, exc, path)(scope, receive, send)
+            # The app's one mapping.
+            error = answer_error(request_id, exc, path)
+            await error(scope, receive, _with_id(send, request_id, status_holder))
             return
         fast = self.fast_routes.get((scope["method"], path))
         if fast is None:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, _with_id(send, request_id, status_holder))
             return
         route, handler = fast
         scope["app"] = self.app  # what `request.app` is inside the handler
@@ -309,6 +322,9 @@ class Edge:
             response = await handler(request)
         except Exception as exc:  # answered as the app's own handler would
             response = answer_error(request_id, exc, path)
+        # The response is in hand: its header and status are known without wrapping `send`.
+        response.raw_headers.append((b"x-request-id", request_id.encode()))
+        status_holder[0] = response.status_code
         await response(scope, receive, send)
 
     async def _bounded_body(self, scope: Scope, receive: Receive) -> Receive:
