@@ -27,7 +27,6 @@ import asyncio
 import hmac
 import re
 import time
-import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -43,7 +42,7 @@ from undolog.proxy.inputs import path_problem
 from undolog.proxy.ratelimit import FailureLimiter, client_address
 from undolog.proxy.roles import Principal, allowed
 from undolog.proxy.ui_auth import UiSessions, cookie_token, same_origin
-from undolog.proxy.wire import error_body
+from undolog.proxy.wire import error_body, uuid4_str
 from undolog.services.metrics import ProxyMetrics
 from undolog.store.records import KeyRecord
 from undolog_sdk.errors import (
@@ -186,6 +185,37 @@ async def _send_error(
     await send({"type": "http.response.body", "body": body})
 
 
+def _with_id(send: Send, request_id: str, status_holder: list[int]) -> Send:
+    """`send` adding the `X-Request-Id` header to the response and noting its status."""
+    rid = request_id.encode()
+
+    async def send_with_id(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            status_holder[0] = message["status"]
+            message["headers"] = [*message.get("headers", []), (b"x-request-id", rid)]
+        await send(message)
+
+    return send_with_id
+
+
+class _BodyReplay:
+    """A request's body, read whole by the edge, handed to the app as one message; after
+    it, the server's own `receive` (which then only reports a disconnect)."""
+
+    __slots__ = ("_receive", "body", "delivered")
+
+    def __init__(self, body: bytes, receive: Receive) -> None:
+        self.body = body
+        self.delivered = False
+        self._receive = receive
+
+    async def __call__(self) -> Message:
+        if not self.delivered:
+            self.delivered = True
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        return await self._receive()
+
+
 class Edge:
     """Wraps the FastAPI app; see the module docstring for what it does, in order."""
 
@@ -221,9 +251,7 @@ class Edge:
             await self.app(scope, receive, send)
             return
         supplied = _header(scope, b"x-request-id")
-        request_id = (
-            supplied if supplied and _SAFE_REQUEST_ID.match(supplied) else str(uuid.uuid4())
-        )
+        request_id = supplied if supplied and _SAFE_REQUEST_ID.match(supplied) else uuid4_str()
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         path: str = scope["path"]
@@ -235,17 +263,9 @@ class Edge:
             return
 
         status_holder = [500]
-        rid = request_id.encode()
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status_holder[0] = message["status"]
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid)]
-            await send(message)
-
         started = time.perf_counter()
         try:
-            await self._guarded(scope, receive, send_with_id, request_id, path)
+            await self._guarded(scope, receive, send, request_id, path, status_holder)
         finally:
             route = scope.get("route")
             label = getattr(route, "path", None) or "unmatched"
@@ -253,8 +273,15 @@ class Edge:
             self.metrics.http_duration.labels(label).observe(time.perf_counter() - started)
 
     async def _guarded(
-        self, scope: Scope, receive: Receive, send: Send, request_id: str, path: str
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        request_id: str,
+        path: str,
+        status_holder: list[int],
     ) -> None:
+        """Limits and auth, then the route; `status_holder` gets the answer's status."""
         try:
             if scope["method"] in _BODY_METHODS:
                 receive = await self._bounded_body(scope, receive)
@@ -274,20 +301,30 @@ class Edge:
             if problem is not None:
                 raise InvalidRequest(problem)
         except UndoLogError as exc:
-            # The app's one mapping (`send` is the wrapper that adds the X-Request-Id header).
-            await answer_error(request_id, exc, path)(scope, receive, send)
+            # The app's one mapping.
+            error = answer_error(request_id, exc, path)
+            await error(scope, receive, _with_id(send, request_id, status_holder))
             return
         fast = self.fast_routes.get((scope["method"], path))
         if fast is None:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, _with_id(send, request_id, status_holder))
             return
         route, handler = fast
         scope["app"] = self.app  # what `request.app` is inside the handler
         scope["route"] = route
+        request = Request(scope, receive)
+        if type(receive) is _BodyReplay:
+            # Read whole already: the handler's `body()` takes it as Starlette caches it,
+            # without a stream over the replay (and `receive` is past the body from here on).
+            request._body = receive.body
+            receive.delivered = True
         try:
-            response = await handler(Request(scope, receive))
+            response = await handler(request)
         except Exception as exc:  # answered as the app's own handler would
             response = answer_error(request_id, exc, path)
+        # The response is in hand: its header and status are known without wrapping `send`.
+        response.raw_headers.append((b"x-request-id", request_id.encode()))
+        status_holder[0] = response.status_code
         await response(scope, receive, send)
 
     async def _bounded_body(self, scope: Scope, receive: Receive) -> Receive:
@@ -309,17 +346,7 @@ class Edge:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
-        delivered = False
-
-        async def replay() -> Message:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        return replay
+        return _BodyReplay(b"".join(chunks), receive)
 
     async def _authenticate(self, scope: Scope) -> Principal:
         key = _header(scope, b"x-api-key")

@@ -16,7 +16,7 @@ table is for `admin` keys only, so a route added without a line here is closed, 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from undolog.engine.keys import Role
 from undolog.engine.model import Actor
@@ -32,12 +32,19 @@ class Principal:
     key_id: str
     key_name: str
     role: Role
+    # Built once: the key resolver's cache hands the same principal to every request of a key.
+    _actor: Actor = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        agent = self.role is Role.AGENT
+        actor = Actor(self.key_id, own_sessions_only=agent, key_name=self.key_name)
+        object.__setattr__(self, "_actor", actor)
 
     @property
     def actor(self) -> Actor:
         """What the engine checks: an `agent` key is held to the sessions it created
         (`undolog.engine.owners`); approver and admin keys see the whole org."""
-        return Actor(self.key_id, own_sessions_only=self.role is Role.AGENT, key_name=self.key_name)
+        return self._actor
 
     @property
     def decider(self) -> str:

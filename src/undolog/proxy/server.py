@@ -11,17 +11,20 @@ how many connections may sit open. `BoundedHttpToolsProtocol` adds, per connecti
 - a cap on open connections: one above it is answered a canned `503` and closed at once.
 
 uvicorn's own `timeout_keep_alive` bounds the idle time between requests. The hot path costs
-one integer addition per received chunk while a head is being read, and one timer per request
-(uvicorn already arms one for keep-alive). `build_server` builds the `uvicorn.Server` from
-`Settings`; the CLI and the test harness both use it, so tests exercise the same protection.
+one integer addition per received chunk while a head is being read, and a clock read per
+request: the head deadline is a time on the connection, checked by one timer per connection
+that re-arms itself for the deadline it finds, rather than a timer armed and cancelled per
+request (uvicorn already arms one per request for keep-alive). `build_server` builds the
+`uvicorn.Server` from `Settings`; the CLI and the test harness both use it, so tests exercise
+the same protection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import resource
-import uuid
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -31,7 +34,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from undolog.config import Settings
 from undolog.logs import uvicorn_log_config
-from undolog.proxy.wire import error_body
+from undolog.proxy.wire import error_body, uuid4_str
 
 __all__ = [
     "BoundedHttpToolsProtocol",
@@ -48,6 +51,10 @@ TOO_MANY_CONNECTIONS = "too_many_connections"
 LINGER_SECONDS = 2.0
 # Descriptors kept out of the connection cap: store connections, upstream sockets, log files.
 RESERVED_FILES = 128
+# A timer may fire this much before its time (the loop's clock resolution): still due.
+_TIMER_SLACK = 0.001
+# uvicorn's own setting of the addresses whose X-Forwarded-For / X-Forwarded-Proto it trusts.
+FORWARDED_ALLOW_IPS = "FORWARDED_ALLOW_IPS"
 
 _log = logging.getLogger("undolog.server")
 
@@ -74,7 +81,7 @@ class ConnectionLimits:
 def _refusal(status: int, reason: str, code: str, message: str) -> bytes:
     """A whole HTTP response with the error body and a fresh request id (built per refusal:
     refusals are rare and must not share a timestamp or an id)."""
-    request_id = str(uuid.uuid4())
+    request_id = uuid4_str()
     body = orjson.dumps(error_body(request_id, code, message))
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
@@ -97,6 +104,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._reading_head = True  # between requests or inside a head: bytes count
         self._head_bytes = 0
+        # When the head being read must be complete (None: no head in progress), and the one
+        # timer that checks it: it fires at a deadline, finds the current one, and closes the
+        # connection or re-arms for a later deadline (a request that began since).
+        self._head_deadline: float | None = None
         self._head_timer: asyncio.TimerHandle | None = None
         self._discarding = False  # refused: what still arrives is read and dropped
 
@@ -127,7 +138,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if not self._reading_head:
             super().data_received(data)
             return
-        if self._head_timer is None:
+        if self._head_deadline is None:
             self._arm_head_timer()  # the first byte of a request after keep-alive
         self._head_bytes += len(data)
         super().data_received(data)
@@ -139,7 +150,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._discarding:
             return
         self._reading_head = False
-        self._cancel_head_timer()
+        self._head_deadline = None  # the timer, if pending, finds no head and lapses
         if self._head_bytes > self.limits.max_header_bytes and self._head_size() > (
             self.limits.max_header_bytes
         ):
@@ -199,18 +210,29 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _arm_head_timer(self) -> None:
-        self._head_timer = self.loop.call_later(
-            self.limits.header_timeout_seconds, self._head_timed_out
-        )
+        """A head starts now: it must be complete within `header_timeout_seconds`."""
+        deadline = self.loop.time() + self.limits.header_timeout_seconds
+        self._head_deadline = deadline
+        if self._head_timer is None:  # else the pending one re-arms itself for this deadline
+            self._head_timer = self.loop.call_at(deadline, self._check_head_deadline)
 
     def _cancel_head_timer(self) -> None:
+        self._head_deadline = None
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
 
-    def _head_timed_out(self) -> None:
+    def _check_head_deadline(self) -> None:
         self._head_timer = None
-        if self._reading_head and not self.transport.is_closing():
+        deadline = self._head_deadline
+        if deadline is None or not self._reading_head:
+            return  # no head in progress: the next one arms a timer again
+        if self.loop.time() + _TIMER_SLACK < deadline:
+            # A later request's head: wait for its own deadline.
+            self._head_timer = self.loop.call_at(deadline, self._check_head_deadline)
+            return
+        self._head_deadline = None
+        if not self.transport.is_closing():
             self.transport.close()
 
 
@@ -312,7 +334,22 @@ def build_config(
         http=bounded_protocol(limits),
         # Typed int in uvicorn, but only handed to `loop.call_later`: a fraction works.
         timeout_keep_alive=limits.keep_alive_timeout_seconds,  # type: ignore[arg-type]
+        proxy_headers=trusts_forwarded_headers(),
     )
+
+
+def trusts_forwarded_headers() -> bool:
+    """Whether uvicorn should take the client's address and scheme from `X-Forwarded-For` /
+    `X-Forwarded-Proto`: only when the operator names the trusted proxies in
+    `FORWARDED_ALLOW_IPS`.
+
+    uvicorn's default trusts those headers from 127.0.0.1 and ::1, which costs a middleware
+    on every request (~1.5% of the proxy's CPU per call) and lets any local client pick the
+    address its failed key checks count against. Without the setting, the address is the
+    connection's peer, as the failure limiter (`ratelimit.py`) describes; with it, uvicorn
+    rewrites `client` and `scheme` from the trusted proxies' headers as before.
+    """
+    return bool(os.environ.get(FORWARDED_ALLOW_IPS, "").strip())
 
 
 def build_server(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Server:

@@ -34,6 +34,14 @@ __all__ = [
 ]
 
 _log = structlog.get_logger("undolog.executor")
+# Tool addresses kept built (`ToolExecutor._url`); past this many the cache starts over.
+_MAX_URLS = 1024
+
+
+def _where(upstream: str, tool_name: str, effect_id: str) -> dict[str, str]:
+    """The fields that say which call a warning is about (bound only when one is logged:
+    binding a logger on every call cost more than the rest of the call's own logging)."""
+    return {"upstream": upstream, "tool": tool_name, "effect_id": effect_id}
 
 
 class ToolTransportError(Exception):
@@ -97,6 +105,18 @@ class ToolExecutor:
         self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._session: aiohttp.ClientSession | None = None
         self.routers: list[ToolRouter] = []
+        self._urls: dict[tuple[str, str], yarl.URL] = {}
+
+    def _url(self, base_url: str, tool_name: str) -> yarl.URL:
+        """The tool's address on an upstream, built once per (upstream URL, tool)."""
+        key = (base_url, tool_name)
+        url = self._urls.get(key)
+        if url is None:
+            if len(self._urls) >= _MAX_URLS:  # bounded: tools come and go at runtime
+                self._urls.clear()
+            # encoded=True: sent as built, the name's percent-encoding kept as it is.
+            url = self._urls[key] = yarl.URL(tool_url(base_url, tool_name), encoded=True)
+        return url
 
     async def open(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=300)
@@ -151,11 +171,9 @@ class ToolExecutor:
             **signed_headers(target.secret, org_id, effect_id),
         }
         tracing.inject(headers)  # the current span's traceparent (services/tracing.py)
-        log = _log.bind(upstream=target.name, tool=tool_name, effect_id=effect_id)
         try:
             async with self._session.post(
-                # encoded=True: sent as built, the name's percent-encoding kept as it is.
-                yarl.URL(tool_url(target.url, tool_name), encoded=True),
+                self._url(target.url, tool_name),
                 data=body,
                 headers=headers,
                 allow_redirects=False,
@@ -167,16 +185,29 @@ class ToolExecutor:
             # No connection was made: nothing was sent (refused, DNS, connect timeout).
             raise ToolUnreachable(f"upstream unreachable calling '{tool_name}'") from None
         except TimeoutError:
-            log.warning("upstream_timeout", timeout_seconds=self.timeout.total)
+            _log.warning(
+                "upstream_timeout",
+                **_where(target.name, tool_name, effect_id),
+                timeout_seconds=self.timeout.total,
+            )
             raise ToolOutcomeUnknown(
                 f"upstream timed out after {self.timeout.total}s calling '{tool_name}'"
             ) from None
         except aiohttp.ClientError as exc:
             # Connected, and the request may have been sent: the tool may have run.
-            log.warning("upstream_connection_lost", error=repr(exc))
+            _log.warning(
+                "upstream_connection_lost",
+                **_where(target.name, tool_name, effect_id),
+                error=repr(exc),
+            )
             raise ToolOutcomeUnknown(f"upstream connection lost calling '{tool_name}'") from None
         result = _parse_tool_result(raw)
         if result is None:
-            log.warning("upstream_bad_answer", status=status, bytes=len(raw))
+            _log.warning(
+                "upstream_bad_answer",
+                **_where(target.name, tool_name, effect_id),
+                status=status,
+                bytes=len(raw),
+            )
             raise ToolOutcomeUnknown(f"upstream gave no valid ToolResult calling '{tool_name}'")
         return result

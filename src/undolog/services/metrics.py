@@ -6,16 +6,69 @@ Each app gets its own registry, so two apps in one process (tests) do not collid
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import prometheus_client
+from prometheus_client import CollectorRegistry, generate_latest
 
 from undolog.services.health import HealthMetrics
 
-__all__ = ["ProxyMetrics"]
+__all__ = ["Counter", "Gauge", "Histogram", "ProxyMetrics"]
 
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
+
+
+class _CachedLabels:
+    """`labels(...)` answered from a dict of this family's own, past prometheus_client's.
+
+    prometheus_client's `labels` converts every value with `str`, builds a tuple and takes a
+    lock on each call; the proxy asks for a labelled child five times per tool call, with
+    the same few values. A child found once is kept here under the values as given (only
+    when all are plain `str`, so that the key is exactly the label the library would make),
+    and dropped again by `remove`, `remove_by_labels` and `clear`, which drop the library's.
+    """
+
+    _children: dict[tuple[object, ...], Any]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._children = {}
+        super().__init__(*args, **kwargs)
+
+    def labels(self, *labelvalues: Any, **labelkwargs: Any) -> Any:
+        try:
+            return self._children[labelvalues]  # keyword labels are never stored: a miss
+        except (KeyError, TypeError):  # TypeError: an unhashable value, left to the library
+            pass
+        child = super().labels(*labelvalues, **labelkwargs)  # type: ignore[misc]
+        if not labelkwargs and all(type(value) is str for value in labelvalues):
+            self._children[labelvalues] = child
+        return child
+
+    def remove(self, *labelvalues: Any) -> None:
+        self._children.clear()
+        super().remove(*labelvalues)  # type: ignore[misc]
+
+    def remove_by_labels(self, labels: dict[str, str]) -> None:
+        self._children.clear()
+        super().remove_by_labels(labels)  # type: ignore[misc]
+
+    def clear(self) -> None:
+        self._children.clear()
+        super().clear()  # type: ignore[misc]
+
+
+class Counter(_CachedLabels, prometheus_client.Counter):
+    """A `prometheus_client.Counter` whose labelled children are cached."""
+
+
+class Gauge(_CachedLabels, prometheus_client.Gauge):
+    """A `prometheus_client.Gauge` whose labelled children are cached."""
+
+
+class Histogram(_CachedLabels, prometheus_client.Histogram):
+    """A `prometheus_client.Histogram` whose labelled children are cached."""
 
 
 @dataclass
