@@ -1,8 +1,7 @@
 """The per-request shortcuts of the proxy's HTTP path say what the long way said.
 
-Cached metric children, request ids built without `uuid.UUID`, the forwarded-headers
-middleware only when trusted proxies are configured, the one-shot HMAC of the upstream
-signature, a principal's actor built once, the body the edge read handed to a fast route.
+Cached metric children, request ids built without `uuid.UUID`, the one-shot HMAC of the
+upstream signature, a principal's actor built once, the body the edge read handed to a fast route.
 """
 
 from __future__ import annotations
@@ -16,12 +15,10 @@ import pytest
 from starlette.requests import Request
 from starlette.responses import Response
 
-from undolog.config import Settings
 from undolog.engine.keys import Role
 from undolog.engine.model import Actor
 from undolog.proxy.edge import Edge, KeyResolver
 from undolog.proxy.roles import Principal
-from undolog.proxy.server import FORWARDED_ALLOW_IPS, build_config, trusts_forwarded_headers
 from undolog.proxy.wire import uuid4_str
 from undolog.services.metrics import ProxyMetrics
 from undolog.store.records import KeyRecord
@@ -86,19 +83,6 @@ def test_request_ids_are_version_4_uuids_in_their_usual_text() -> None:
         assert str(parsed) == text
         seen.add(text)
     assert len(seen) == 2000
-
-
-def test_forwarded_headers_are_trusted_only_when_trusted_proxies_are_configured(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv(FORWARDED_ALLOW_IPS, raising=False)
-    assert not trusts_forwarded_headers()
-    assert build_config(object(), Settings()).proxy_headers is False
-    monkeypatch.setenv(FORWARDED_ALLOW_IPS, "10.0.0.1")
-    assert trusts_forwarded_headers()
-    config = build_config(object(), Settings())
-    assert config.proxy_headers is True
-    assert config.forwarded_allow_ips == "10.0.0.1"
 
 
 def test_the_upstream_signature_is_the_hmac_sha256_of_the_v1_message() -> None:

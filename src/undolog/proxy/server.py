@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import resource
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -53,8 +52,6 @@ LINGER_SECONDS = 2.0
 RESERVED_FILES = 128
 # A timer may fire this much before its time (the loop's clock resolution): still due.
 _TIMER_SLACK = 0.001
-# uvicorn's own setting of the addresses whose X-Forwarded-For / X-Forwarded-Proto it trusts.
-FORWARDED_ALLOW_IPS = "FORWARDED_ALLOW_IPS"
 
 _log = logging.getLogger("undolog.server")
 
@@ -334,22 +331,7 @@ def build_config(
         http=bounded_protocol(limits),
         # Typed int in uvicorn, but only handed to `loop.call_later`: a fraction works.
         timeout_keep_alive=limits.keep_alive_timeout_seconds,  # type: ignore[arg-type]
-        proxy_headers=trusts_forwarded_headers(),
     )
-
-
-def trusts_forwarded_headers() -> bool:
-    """Whether uvicorn should take the client's address and scheme from `X-Forwarded-For` /
-    `X-Forwarded-Proto`: only when the operator names the trusted proxies in
-    `FORWARDED_ALLOW_IPS`.
-
-    uvicorn's default trusts those headers from 127.0.0.1 and ::1, which costs a middleware
-    on every request (~1.5% of the proxy's CPU per call) and lets any local client pick the
-    address its failed key checks count against. Without the setting, the address is the
-    connection's peer, as the failure limiter (`ratelimit.py`) describes; with it, uvicorn
-    rewrites `client` and `scheme` from the trusted proxies' headers as before.
-    """
-    return bool(os.environ.get(FORWARDED_ALLOW_IPS, "").strip())
 
 
 def build_server(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Server:
