@@ -68,6 +68,7 @@ class Recorder:
 
     status: int = 200
     body: bytes | None = None
+    set_cookie: str | None = None  # a Set-Cookie header on every answer
     requests: list[dict[str, Any]] = field(default_factory=list)
 
     async def handle(self, request: Request) -> Response:
@@ -83,7 +84,8 @@ class Recorder:
         if self.body is not None:
             return Response(self.body, status_code=self.status, media_type="text/plain")
         answer = {"success": True, "output": {"ok": True}, "error": None}
-        return Response(orjson.dumps(answer), status_code=self.status)
+        headers = {"Set-Cookie": self.set_cookie} if self.set_cookie else None
+        return Response(orjson.dumps(answer), status_code=self.status, headers=headers)
 
     def app(self) -> Starlette:
         methods = ["GET", "POST", "PUT", "DELETE"]
@@ -356,6 +358,23 @@ def test_every_upstream_call_carries_a_verifiable_org_signature(
     assert verify_upstream_signature(secret, headers, effect_id) == proxy.org_id
     assert verify_upstream_signature("another secret", headers, effect_id) is None
     assert verify_upstream_signature(secret, headers, "another-effect") is None
+
+
+def test_an_upstreams_cookie_never_travels_with_another_call(
+    two_orgs: TwoOrgs, victim: tuple[Recorder, ThreadServer]
+) -> None:
+    # An upstream that sets a cookie on org a's call: were the proxy's one HTTP client to keep
+    # it, org b's calls to the same upstream would carry org a's session to it.
+    recorder, server = victim
+    recorder.set_cookie = "sid=ORG-A-SESSION; Path=/"
+    proxy = two_orgs.start(server.url.replace("127.0.0.1", "localhost"))  # a name, not an IP
+    for org in ("a", "b", "a"):
+        with proxy.client(org) as c:
+            c.put("/tools/lookup", json={"tier": "safe"}).raise_for_status()
+            response = call(c, "lookup", {"org": org})
+        assert response.status_code == 200, response.text
+    assert len(recorder.requests) == 3
+    assert [r["headers"].get("cookie") for r in recorder.requests] == [None, None, None]
 
 
 @pytest.fixture

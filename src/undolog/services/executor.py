@@ -124,6 +124,9 @@ class ToolExecutor:
             connector=connector,
             timeout=self.timeout,
             json_serialize=lambda o: orjson.dumps(o).decode(),
+            # One client serves every org: a cookie an upstream sets on one org's call must
+            # never travel with the next call, whoever makes it. No jar, no cookies.
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     async def close(self) -> None:

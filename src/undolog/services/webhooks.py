@@ -102,6 +102,8 @@ class WebhookSender:
             connector=aiohttp.TCPConnector(limit=8),
             # Never proxies from the environment: a webhook goes where the config says.
             trust_env=False,
+            # Every org's deliveries share this client: a receiver's cookie is not kept.
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         self._closers.append(self.store.on_events(self._wake.set))
         self._closers.append(await self.store.listen(CHANNEL, self._wake.set))
