@@ -167,8 +167,7 @@ async def test_a_new_call_and_its_commit_take_one_hop_each_to_the_writer(
         NewCall.of(effect, make_undo(effect), INTERCEPTED), REPLAY, owner="key-a", owner_only=True
     )
     assert outcome == ("inserted", None)
-    # The signature's read runs in the loop's thread (`_read`); the whole transaction, one hop.
-    assert hops == {"writer": 1}
+    assert hops == {"reader": 1, "writer": 1}  # the signature's read; the whole transaction
     hops.clear()
     async with sqlite_store.atomic() as q:
         done = await q.finish_effect(
@@ -185,7 +184,7 @@ async def test_a_new_call_and_its_commit_take_one_hop_each_to_the_writer(
     assert sqlite_store.commits == 2  # the intent's and the result's: each its own fsync
 
 
-async def test_through_the_engine_a_new_call_is_two_hops_and_a_replay_one(
+async def test_through_the_engine_a_new_call_is_three_hops_and_a_replay_two(
     sqlite_store: SqliteStore, hops: Counter[str]
 ) -> None:
     engine = Engine(sqlite_store)
@@ -198,11 +197,11 @@ async def test_through_the_engine_a_new_call_is_two_hops_and_a_replay_one(
     hops.clear()
     decision = await engine.intercept("org-engine", session, "send_email", {"n": 1}, step_index=1)
     await engine.commit("org-engine", decision.effect_id, '{"ok": true}')
-    assert hops == {"writer": 2}
+    assert hops == {"reader": 1, "writer": 2}
     hops.clear()
     replay = await engine.intercept("org-engine", session, "send_email", {"n": 1}, step_index=1)
     assert replay.outcome is Outcome.REPLAY
-    assert hops == {"writer": 1}
+    assert hops == {"reader": 1, "writer": 1}
 
 
 async def test_a_lone_one_hop_writer_commits_in_its_hop_and_is_on_disk_when_answered(

@@ -10,8 +10,6 @@ one fsync (group commit, docs/performance.md).
 The hot-path writes (`execute_new`'s transaction, `atomic` for a new call's commit,
 `autocommit` for a replay's event) run each whole in one trip to the writer's thread
 (store/sqlite_hop.py) instead of one per statement; every other write uses `transaction`.
-A new call's read of its signature does not leave the loop's thread at all (`_read`): a
-point lookup costs less than the trip to a thread would.
 """
 
 from __future__ import annotations
@@ -82,24 +80,6 @@ async def _pragma(conn: aiosqlite.Connection, pragma: str) -> None:
         await cursor.fetchall()
 
 
-# SQLITE_BUSY and SQLITE_LOCKED (primary codes): the inline reader does not wait for them.
-_BUSY = frozenset({5, 6})
-
-
-def _connect_inline(path: str) -> sqlite3.Connection:
-    """A read-only connection for the loop's own thread (`SqliteStore._read`). In WAL mode a
-    reader does not wait for the writer; `busy_timeout=0` makes the rare lock it would wait
-    for (a WAL being reset or recovered) an error at once, so the loop is never held."""
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        for pragma in ("busy_timeout=0", "query_only=ON"):
-            conn.execute(f"PRAGMA {pragma}").fetchall()
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
 def _path_from_url(url: str) -> str:
     """`sqlite:///./undolog.db` → `./undolog.db`; `sqlite:////abs/x.db` → `/abs/x.db`."""
     if url in ("sqlite://", "sqlite:///:memory:"):
@@ -116,7 +96,6 @@ class SqliteStore(StoreBase):
         self.path = path
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
-        self._inline: sqlite3.Connection | None = None  # `_read`'s, used in the loop's thread
         self._write_lock = asyncio.Lock()
         self._waiting = 0  # writers waiting for `_write_lock`
         self._batch: _Batch | None = None  # the open write transaction, if any
@@ -133,8 +112,6 @@ class SqliteStore(StoreBase):
             await _pragma(store._writer, "journal_mode=WAL")
             # The reader of an in-memory database would see another database: share the writer.
             store._reader = store._writer if store.path == ":memory:" else await store._connect()
-            if store.path != ":memory:":
-                store._inline = _connect_inline(store.path)
         except (sqlite3.Error, OSError) as exc:
             await store.close()
             raise Database(f"cannot open SQLite database {store.path}: {exc}") from exc
@@ -300,8 +277,8 @@ class SqliteStore(StoreBase):
         owner: str | None = None,
         owner_only: bool = False,
     ) -> tuple[ExecuteNew, EffectRecord | None]:
-        """`Store.execute_new` for SQLite: a read in the loop's thread (`_read`), then one
-        `BEGIN IMMEDIATE` transaction in one trip to the writer's thread (store/sqlite_hop.py).
+        """`Store.execute_new` for SQLite: a read, then one `BEGIN IMMEDIATE` transaction,
+        each one trip to its connection's thread (store/sqlite_hop.py).
 
         An effect that has the signature is answered "exists" (a replay included: the engine
         replays it with its event written best-effort, so a store that cannot write still
@@ -324,21 +301,10 @@ class SqliteStore(StoreBase):
             return "forbidden", None
 
     async def _read(self, body: Body[T]) -> T:
-        """Reads of committed data: run at once in the loop's thread on a connection of its
-        own, which never waits for a lock (`_connect_inline`); when SQLite answers busy, in
-        one trip to the reader's thread instead, which waits as every connection does."""
+        """Reads of committed data in one trip to the reader's thread."""
         conn = self._reader
         if conn is None:
             raise Database("store is closed")
-        inline = self._inline
-        if inline is not None:
-            try:
-                return run_to_end(body(SyncQueries(inline)))
-            except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode & 0xFF not in _BUSY:
-                    raise Database(str(exc)) from exc
-            except sqlite3.Error as exc:
-                raise Database(str(exc)) from exc
         try:
             return await in_thread(conn, lambda c: run_to_end(body(SyncQueries(c))))
         except sqlite3.Error as exc:
@@ -521,12 +487,6 @@ class SqliteStore(StoreBase):
         conns = {id(c): c for c in (self._reader, self._writer) if c is not None}.values()
         self._reader = self._writer = None
         errors = []
-        inline, self._inline = self._inline, None
-        if inline is not None:
-            try:
-                inline.close()
-            except sqlite3.Error as exc:
-                errors.append(exc)
         for conn in conns:
             # Close every one even if one fails: each holds a thread the process waits for.
             try:
