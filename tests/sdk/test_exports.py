@@ -56,7 +56,7 @@ EXPORTS: dict[str, list[str]] = {
         "rollback",
     ],
     "undolog_sdk.tier": ["CompensationDescriptor", "ToolTier"],
-    "undolog_sdk.signature": ["call_signature", "canonical_json"],
+    "undolog_sdk.signature": ["call_signature", "canonical_json", "signature_of_canonical"],
     "undolog_sdk.wire": [
         "ApprovalStatus",
         "CallStatus",

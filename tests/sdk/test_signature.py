@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from blake3 import blake3
 
-from undolog_sdk.signature import call_signature, canonical_json
+from undolog_sdk.signature import call_signature, canonical_json, signature_of_canonical
 
 SESSION = "6f1c2d3e-4b5a-4c6d-8e7f-9a0b1c2d3e4f"
 SESSION_BYTES = bytes.fromhex("6f1c2d3e4b5a4c6d8e7f9a0b1c2d3e4f")
@@ -547,3 +547,30 @@ def test_tuples_and_lists_in_args_sign_alike() -> None:
     assert call_signature(SESSION, 4, "t", {"p": (1, 2)}) == call_signature(
         SESSION, 4, "t", {"p": [1, 2]}
     )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [{}, {"b": 1, "a": [1.5, None, True]}, {"text": "héllo \u2603 \x01"}, [1, 2], "s", 3, None],
+)
+def test_signature_of_canonical_args_is_call_signature(args: Any) -> None:
+    session = "0b9f6c1e-3a41-4b67-9d0e-6a3e5d2c1f00"
+    assert signature_of_canonical(session, 7, "tool", canonical_json(args)) == call_signature(
+        session, 7, "tool", args
+    )
+
+
+@pytest.mark.parametrize(
+    ("session", "step", "tool"),
+    [("not-a-uuid", 0, "t"), ("0b9f6c1e-3a41-4b67-9d0e-6a3e5d2c1f00", -1, "t"),
+     ("0b9f6c1e-3a41-4b67-9d0e-6a3e5d2c1f00", True, "t"),
+     ("0b9f6c1e-3a41-4b67-9d0e-6a3e5d2c1f00", 0, "\ud800")],
+)  # fmt: skip
+def test_signature_of_canonical_args_refuses_what_call_signature_refuses(
+    session: str, step: int, tool: str
+) -> None:
+    with pytest.raises(ValueError) as of_canonical:
+        signature_of_canonical(session, step, tool, "{}")
+    with pytest.raises(ValueError) as of_args:
+        call_signature(session, step, tool, {})
+    assert str(of_canonical.value) == str(of_args.value)

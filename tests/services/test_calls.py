@@ -6,9 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import structlog
+import structlog.testing
 
 from undolog.engine import Decision, Outcome
-from undolog.services.calls import CallOutcome, CallStatus, refused
+from undolog.services.calls import CallOutcome, CallStatus, _child, _LazyLog, refused
+from undolog.services.metrics import ProxyMetrics
 from undolog.store.records import ToolRecord
 from undolog_sdk.errors import (
     AdvisoryLockTimeout,
@@ -82,3 +85,42 @@ def test_only_an_answer_that_ends_the_call_is_reported_for_delivery(
     decision = _decision()
     outcome = CallOutcome(status, decision)
     assert outcome.answered is (decision if ends_the_call else None)
+
+
+def test_a_calls_log_binds_its_context_only_when_it_logs_and_logs_what_bind_would() -> None:
+    with structlog.testing.capture_logs() as eager:
+        bound = structlog.get_logger("t").bind(request_id="r", org_id="o")
+        bound.bind(effect_id="e").warning("tool_error", error="boom")
+    bound_calls: list[dict[str, Any]] = []
+
+    class _Counting:
+        def bind(self, **context: Any) -> Any:
+            bound_calls.append(context)
+            return structlog.get_logger("t").bind(**context)
+
+    lazy = _LazyLog(_Counting(), {"request_id": "r", "org_id": "o"}).bind(effect_id="e")
+    assert bound_calls == []  # nothing logged yet: nothing bound
+    with structlog.testing.capture_logs() as logged:
+        lazy.warning("tool_error", error="boom")
+    assert bound_calls == [{"request_id": "r", "org_id": "o", "effect_id": "e"}]
+    assert logged == eager
+
+
+def test_a_metrics_child_is_looked_up_once_and_belongs_to_its_own_metric() -> None:
+    first, second = ProxyMetrics.create(), ProxyMetrics.create()
+    child = _child(first.engine_rpc_duration, "commit")
+    assert child is first.engine_rpc_duration.labels("commit")
+    assert _child(first.engine_rpc_duration, "commit") is child
+    assert _child(second.engine_rpc_duration, "commit") is second.engine_rpc_duration.labels(
+        "commit"
+    )
+    _child(first.engine_rpc_errors, "commit").inc()
+    assert (
+        first.registry.get_sample_value(
+            "undolog_proxy_engine_rpc_errors_total", {"method": "commit"}
+        )
+        == 1
+    )
+    assert second.registry.get_sample_value(
+        "undolog_proxy_engine_rpc_errors_total", {"method": "commit"}
+    ) in (None, 0)

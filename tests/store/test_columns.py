@@ -74,6 +74,15 @@ def test_without_drops_a_column_from_the_list_and_the_values() -> None:
         undo.without("nope")
 
 
+def test_values_are_a_tuple_for_any_number_of_columns() -> None:
+    org = columns(OrgRecord)
+    record = OrgRecord("o", "name", 60, True, 5)
+    names = org.names
+    assert org.without(*names[1:]).values(record) == ("o",)
+    assert org.without(*names[2:]).values(record) == ("o", "name")
+    assert org.without(*names).values(record) == ()
+
+
 def test_failure_paths_of_the_mapping() -> None:
     cols = columns(OrgRecord)
     with pytest.raises(ValueError, match="OrgRecord"):

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 from blake3 import blake3
 
-__all__ = ["call_signature", "canonical_json"]
+__all__ = ["call_signature", "canonical_json", "signature_of_canonical"]
 
 _INT_MIN = -(2**63)  # i64::MIN
 _INT_MAX = 2**64 - 1  # u64::MAX
@@ -312,6 +312,27 @@ def call_signature(session_id: str, step_index: int, tool_name: str, args: Any) 
             [0, 2**32 - 1], ``tool_name`` is not encodable as UTF-8 (lone surrogate), or
             ``args`` cannot be canonicalized (see ``canonical_json``).
     """
+    session, tool = _checked_head(session_id, step_index, tool_name)
+    text = _canonical_text(args)
+    try:
+        payload = text.encode("utf-8")
+    except UnicodeEncodeError:
+        _raise_located(args, None)
+    return _signature(session, step_index, tool, payload)
+
+
+def signature_of_canonical(session_id: str, step_index: int, tool_name: str, args_json: str) -> str:
+    """``call_signature`` of a call whose args are already canonical JSON: ``args_json`` must
+    be what ``canonical_json(args)`` returned (it is hashed as it is, not checked), so a caller
+    that needs both encodes the args once. Same bytes, same signature, same errors for the
+    other arguments.
+    """
+    session, tool = _checked_head(session_id, step_index, tool_name)
+    return _signature(session, step_index, tool, args_json.encode("utf-8"))
+
+
+def _checked_head(session_id: str, step_index: int, tool_name: str) -> tuple[bytes, bytes]:
+    """The session's 16 bytes and the tool name's UTF-8, or the ValueError that says why not."""
     try:
         session = _session_bytes(session_id)
     except (ValueError, TypeError, AttributeError):
@@ -330,11 +351,10 @@ def call_signature(session_id: str, step_index: int, tool_name: str, args: Any) 
         raise ValueError(
             f"tool_name {tool_name!r} contains a lone surrogate and cannot be encoded as UTF-8"
         ) from None
-    text = _canonical_text(args)
-    try:
-        payload = text.encode("utf-8")
-    except UnicodeEncodeError:
-        _raise_located(args, None)
+    return session, tool
+
+
+def _signature(session: bytes, step_index: int, tool: bytes, payload: bytes) -> str:
     if len(tool) > _U32_MAX or len(payload) > _U32_MAX:
         raise ValueError("tool_name and the canonical args must each fit in 2**32 - 1 bytes")
     # One contiguous buffer: for call-sized inputs a single hash call beats hashing in pieces.

@@ -11,6 +11,7 @@ them to the wire.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,7 @@ from undolog.engine.model import (
     Decision,
     Outcome,
     event_json,
+    new_id,
     now_us,
     session_lock_key,
 )
@@ -52,7 +54,7 @@ from undolog_sdk.errors import (
     SessionClosed,
     UndoLogError,
 )
-from undolog_sdk.signature import call_signature, canonical_json
+from undolog_sdk.signature import call_signature, canonical_json, signature_of_canonical
 from undolog_sdk.tier import ToolTier
 from undolog_sdk.wire import EventType, ExecutionMode
 
@@ -82,6 +84,13 @@ _APPROVAL_STATES = frozenset(
     {EffectState.AWAITING_APPROVAL, EffectState.REJECTED, EffectState.TIMED_OUT,
      EffectState.EXECUTING, EffectState.FAILED}
 )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def _session_uuid(session_id: str) -> str:
+    """A session id as the store keeps it (`str(uuid.UUID(...))`), parsed once per session
+    rather than on each of its calls. Raises what `uuid.UUID` raises (not cached)."""
+    return str(uuid.UUID(session_id))
 
 
 class Engine(Intents):
@@ -141,7 +150,7 @@ class Engine(Intents):
         if mode not in MODES:
             raise InvalidRequest(f"unknown execution mode {mode!r}: expected proxy or sdk")
         try:
-            session_id = str(uuid.UUID(session_id))
+            session_id = _session_uuid(session_id)
         except (ValueError, TypeError, AttributeError):
             raise InvalidRequest(f"session_id {session_id!r} is not a UUID") from None
         if step_index is not None and not 0 <= step_index <= 0xFFFFFFFF:
@@ -167,12 +176,10 @@ class Engine(Intents):
             if found and not actor.may_use(owner):
                 raise session_refused(session_id)
         if tier.is_safe:
-            return Decision(
-                Outcome.EXECUTE, str(uuid.uuid4()), step_index, None, tool, logged=False
-            )
+            return Decision(Outcome.EXECUTE, new_id(), step_index, None, tool, logged=False)
 
         if step_index is not None:
-            signature = call_signature(session_id, step_index, tool_name, args)
+            signature = signature_of_canonical(session_id, step_index, tool_name, args_json)
             fast = await self._execute_new(call, step_index, signature) if one_call else None
             if isinstance(fast, Decision):
                 return fast
@@ -399,7 +406,7 @@ class Engine(Intents):
         org = await self._org(q, org_id)
         timeout_s = org.approval_timeout_s if org else DEFAULT_APPROVAL_TIMEOUT_S
         approval = ApprovalRecord(
-            approval_id=str(uuid.uuid4()),
+            approval_id=new_id(),
             org_id=org_id,
             effect_id=effect_id,
             session_id=session_id,

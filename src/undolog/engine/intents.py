@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +16,7 @@ import orjson
 
 from undolog.engine.decide import Action, decide
 from undolog.engine.effects import Effects
-from undolog.engine.model import Call, event_json
+from undolog.engine.model import Call, event_json, new_id
 from undolog.engine.rules import Rule, first_match
 from undolog.engine.states import ApprovalStatus, EffectState, SessionState, UndoState
 from undolog.store.protocol import Queries
@@ -97,7 +96,7 @@ class Intents(Effects):
         """An IRREVERSIBLE call a rule approved: its approval, decided by the rule, so the
         decision and its maker are on record like a person's (`decided_by = rule:NAME`)."""
         approval = ApprovalRecord(
-            approval_id=str(uuid.uuid4()), org_id=call.org_id, effect_id=effect.effect_id,
+            approval_id=new_id(), org_id=call.org_id, effect_id=effect.effect_id,
             session_id=call.session_id, tool_name=call.tool.name, args_json=call.args_json,
             status=ApprovalStatus.AUTO_APPROVED, created_us=now, timeout_us=now,
             decided_us=now, decided_by=rule.decided_by, reason="approved by a policy rule",
@@ -135,7 +134,7 @@ class Intents(Effects):
         """A new effect: `executing` under a fresh lease, or awaiting approval."""
         executed = max(self._clock(), now + 1) if executing else None
         return EffectRecord(
-            effect_id=str(uuid.uuid4()),
+            effect_id=new_id(),
             org_id=call.org_id,
             session_id=call.session_id,
             step_index=step,
@@ -175,7 +174,7 @@ class Intents(Effects):
         fn_name, fn_version, args_json, max_retries, backoff_ms = _compensation(compensation_json)
         return UndoEntryRecord(
             seq=0,
-            entry_id=str(uuid.uuid4()),
+            entry_id=new_id(),
             org_id=effect.org_id,
             session_id=effect.session_id,
             effect_id=effect.effect_id,

@@ -5,6 +5,7 @@ Plain values and pure helpers, shared by the engine, the saga and the approvals.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,8 +35,10 @@ __all__ = [
     "check_registered_before_executed",
     "event_json",
     "lock_key",
+    "new_id",
     "now_us",
     "session_lock_key",
+    "uuid4_text",
 ]
 
 
@@ -114,6 +117,20 @@ def check_registered_before_executed(entry: UndoEntryRecord, effect: EffectRecor
 
 def now_us() -> int:
     return time.time_ns() // 1000
+
+
+def uuid4_text(random16: bytes) -> str:
+    """The text of the version-4 UUID that `uuid.UUID(bytes=random16, version=4)` makes
+    (lowercase, hyphenated), without building the UUID object."""
+    h = random16.hex()
+    variant = "89ab"[(random16[8] >> 4) & 3]  # the RFC 4122 variant bits over the byte's own
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant}{h[17:20]}-{h[20:32]}"
+
+
+def new_id() -> str:
+    """A fresh id (effect, undo entry, approval): `str(uuid.uuid4())`, same randomness
+    (`os.urandom`) and format, at a third of its cost on the hot path of every new call."""
+    return uuid4_text(os.urandom(16))
 
 
 def lock_key(*parts: str) -> str:

@@ -10,6 +10,7 @@ commits it (with retries, holding the result if the store stays down); approvals
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -115,6 +116,24 @@ class CallOutcome:
         return None
 
 
+class _LazyLog:
+    """A logger bound to a call's context only when something is logged: most calls log
+    nothing, and each structlog `bind` builds a logger and copies its context. Logs exactly
+    what `log.bind(**context)` would."""
+
+    __slots__ = ("_context", "_log")
+
+    def __init__(self, log: Any, context: dict[str, Any]) -> None:
+        self._log = log
+        self._context = context
+
+    def bind(self, **values: Any) -> _LazyLog:
+        return _LazyLog(self._log, {**self._context, **values})
+
+    def __getattr__(self, name: str) -> Any:  # a log method (warning, error, ...): bind now
+        return getattr(self._log.bind(**self._context), name)
+
+
 def refused(exc: UndoLogError, log: Any) -> CallOutcome:
     """A call the engine would not take: refused, or the engine's own failure (logged)."""
     if isinstance(exc, _ENGINE_FAILURES):
@@ -164,7 +183,8 @@ async def run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcome
 
 
 async def _run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcome:
-    log = runtime.log.bind(request_id=request_id, org_id=call.org_id, session_id=call.session_id)
+    context = {"request_id": request_id, "org_id": call.org_id, "session_id": call.session_id}
+    log = _LazyLog(runtime.log, context)
     if call.step_index is None and call.mode == ExecutionMode.PROXY:
         await runtime.deliveries.settle(call.org_id, call.session_id)
     try:
@@ -204,6 +224,14 @@ async def _run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcom
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _child(metric: Any, label: str) -> Any:
+    """A metric's child for one label value. `labels()` takes a lock and builds the key on
+    every call, yet answers the same child each time (nothing removes a label set): looked
+    up once per metric and value instead of on every call."""
+    return metric.labels(label)
+
+
 async def _timed(runtime: Runtime, method: str, call: Callable[[], Awaitable[T]]) -> T:
     """An engine call, timed (metrics) and traced (`undolog.<method>`)."""
     started = time.perf_counter()
@@ -211,10 +239,10 @@ async def _timed(runtime: Runtime, method: str, call: Callable[[], Awaitable[T]]
         with tracing.span(f"undolog.{method}"):
             return await call()
     except Exception:
-        runtime.metrics.engine_rpc_errors.labels(method).inc()
+        _child(runtime.metrics.engine_rpc_errors, method).inc()
         raise
     finally:
-        runtime.metrics.engine_rpc_duration.labels(method).observe(time.perf_counter() - started)
+        _child(runtime.metrics.engine_rpc_duration, method).observe(time.perf_counter() - started)
 
 
 async def _with_retries(runtime: Runtime, method: str, call: Callable[[], Awaitable[T]]) -> T:
@@ -226,7 +254,7 @@ async def _with_retries(runtime: Runtime, method: str, call: Callable[[], Awaita
         except UndoLogError as exc:
             if not exc.retryable or attempt == runtime.commit_retry_attempts:
                 raise
-        runtime.metrics.engine_rpc_retries.labels(method).inc()
+        _child(runtime.metrics.engine_rpc_retries, method).inc()
         await asyncio.sleep(delay)
         delay = min(delay * 2, 2.0)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -285,7 +313,7 @@ async def _run_and_settle(
                 upstream=decision.tool.upstream,
             )
     except ToolTransportError as exc:
-        runtime.metrics.executor_duration.labels("error").observe(time.perf_counter() - started)
+        _child(runtime.metrics.executor_duration, "error").observe(time.perf_counter() - started)
         message = str(exc)
         log.warning("tool_error", error=message)
         if not decision.logged:
@@ -301,7 +329,7 @@ async def _run_and_settle(
                 log.error("fail_not_recorded", error=fail_exc.message)
             return Execution(None, ToolError(message))
         return await _in_doubt(runtime, decision, message, log)
-    runtime.metrics.executor_duration.labels("success" if result.success else "failure").observe(
+    _child(runtime.metrics.executor_duration, "success" if result.success else "failure").observe(
         time.perf_counter() - started
     )
     result_json = result.to_json()

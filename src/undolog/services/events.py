@@ -24,6 +24,7 @@ from typing import Any
 
 from undolog.services.metrics import ProxyMetrics
 from undolog.store import EventRecord, Store
+from undolog.store.base import StoreBase
 
 __all__ = ["REPLAY_PAGE", "EventBroker", "Subscriber", "stop_background"]
 
@@ -101,7 +102,8 @@ class EventBroker:
                 with contextlib.suppress(Exception):  # other processes still poll
                     await self.store.announce(CHANNEL)
             # Without subscribers this runs once per poll (commits do not wake it), which
-            # keeps the high-water mark current so a first subscriber has little to read.
+            # keeps the high-water mark current so a first subscriber has little to read;
+            # it then reads the events' ids only (`_read_since`).
             try:
                 await self._advance()
             except Exception:  # the store is down: keep polling
@@ -116,14 +118,30 @@ class EventBroker:
         async with self._advancing:  # the loop and a new subscriber's catch-up take turns
             await self._advance_locked()
 
+    def _listened(self) -> bool:
+        return bool(self._watchers) or any(self._subscribers.values())
+
+    async def _read_since(self) -> list[EventRecord] | list[int] | None:
+        """The next page above `hwm`: the events, or only their ids while nobody listens
+        (the high-water mark needs the ids alone). None: someone began to listen while the
+        ids were read, so the events must be read after all."""
+        store = self.store
+        if not self._listened() and isinstance(store, StoreBase):
+            ids = await store.event_ids_since(self.hwm, REPLAY_PAGE)
+            return None if self._listened() else ids
+        async with store.reader() as q:
+            return await q.list_events_since(self.hwm, REPLAY_PAGE)
+
     async def _advance_locked(self) -> None:
         while True:
-            async with self.store.reader() as q:
-                rows = await q.list_events_since(self.hwm, REPLAY_PAGE)
+            rows = await self._read_since()
+            if rows is None:
+                continue
             if not rows:
                 return
             for event in rows:
-                if event.event_id != self.hwm + 1:
+                event_id = event if isinstance(event, int) else event.event_id
+                if event_id != self.hwm + 1:
                     now = time.monotonic()
                     if self._gap_since is None:
                         self._gap_since = now
@@ -132,8 +150,9 @@ class EventBroker:
                         await asyncio.sleep(0.02)
                         return
                 self._gap_since = None
-                self.hwm = event.event_id
-                self._deliver(event)
+                self.hwm = event_id
+                if not isinstance(event, int):
+                    self._deliver(event)
             if len(rows) < REPLAY_PAGE:
                 return
 

@@ -15,7 +15,8 @@ is refused, so a statement can never mix the two styles.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any, Generic, TypeVar, cast
 
@@ -40,6 +41,11 @@ class Columns(Generic[R]):
     names: tuple[str, ...]
     attrs: tuple[str, ...]  # the fields behind `names`, in the same order
     _bools: tuple[int, ...]
+    # `attrs` read in one C call: built once per column set.
+    _get: Callable[[Any], tuple[Any, ...]] = dataclasses.field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_get", _getter(self.attrs))
 
     def select(self, alias: str = "") -> str:
         """`a, b, c` (or `x.a, x.b, x.c` with an alias), for SELECT and RETURNING."""
@@ -65,16 +71,29 @@ class Columns(Generic[R]):
         """The record's values for these columns, in order."""
         if not isinstance(record, self.record):
             raise TypeError(f"expected {self.record.__name__}, got {type(record).__name__}")
-        return tuple(getattr(record, attr) for attr in self.attrs)
+        return self._get(record)
 
     def row(self, row: Sequence[Any]) -> R:
         """The record a fetched row (all the record's columns, in order) stands for."""
         if len(row) != len(self.names):
             raise ValueError(f"{self.record.__name__}: {len(row)} values for {len(self.names)}")
+        if not self._bools:
+            return self.record(*row)
         values = list(row)
         for i in self._bools:  # SQLite answers 0/1 for a boolean column
             values[i] = bool(values[i])
         return self.record(*values)
+
+
+def _getter(attrs: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """A function answering a record's `attrs` as a tuple (`operator.attrgetter` answers a
+    bare value for a single name)."""
+    if len(attrs) > 1:
+        return operator.attrgetter(*attrs)
+    if attrs:
+        one = operator.attrgetter(attrs[0])
+        return lambda record: (one(record),)
+    return lambda record: ()
 
 
 @lru_cache(maxsize=256)
