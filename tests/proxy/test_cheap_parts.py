@@ -16,10 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from undolog.engine.keys import Role
-from undolog.engine.model import Actor
+from undolog.engine.model import Actor, new_id
 from undolog.proxy.edge import Edge, KeyResolver
 from undolog.proxy.roles import Principal
-from undolog.proxy.wire import uuid4_str
 from undolog.services.metrics import ProxyMetrics
 from undolog.store.records import KeyRecord
 from undolog.upstreams import sign_upstream_request, verify_upstream_signature
@@ -76,7 +75,7 @@ def test_values_that_are_not_plain_strings_are_labelled_as_the_library_labels_th
 def test_request_ids_are_version_4_uuids_in_their_usual_text() -> None:
     seen = set()
     for _ in range(2000):
-        text = uuid4_str()
+        text = new_id()  # a request id, as the edge makes it
         parsed = uuid.UUID(text)
         assert parsed.version == 4
         assert parsed.variant == uuid.RFC_4122

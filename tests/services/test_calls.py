@@ -10,8 +10,7 @@ import structlog
 import structlog.testing
 
 from undolog.engine import Decision, Outcome
-from undolog.services.calls import CallOutcome, CallStatus, _child, _LazyLog, refused
-from undolog.services.metrics import ProxyMetrics
+from undolog.services.calls import CallOutcome, CallStatus, _LazyLog, refused
 from undolog.store.records import ToolRecord
 from undolog_sdk.errors import (
     AdvisoryLockTimeout,
@@ -104,23 +103,3 @@ def test_a_calls_log_binds_its_context_only_when_it_logs_and_logs_what_bind_woul
         lazy.warning("tool_error", error="boom")
     assert bound_calls == [{"request_id": "r", "org_id": "o", "effect_id": "e"}]
     assert logged == eager
-
-
-def test_a_metrics_child_is_looked_up_once_and_belongs_to_its_own_metric() -> None:
-    first, second = ProxyMetrics.create(), ProxyMetrics.create()
-    child = _child(first.engine_rpc_duration, "commit")
-    assert child is first.engine_rpc_duration.labels("commit")
-    assert _child(first.engine_rpc_duration, "commit") is child
-    assert _child(second.engine_rpc_duration, "commit") is second.engine_rpc_duration.labels(
-        "commit"
-    )
-    _child(first.engine_rpc_errors, "commit").inc()
-    assert (
-        first.registry.get_sample_value(
-            "undolog_proxy_engine_rpc_errors_total", {"method": "commit"}
-        )
-        == 1
-    )
-    assert second.registry.get_sample_value(
-        "undolog_proxy_engine_rpc_errors_total", {"method": "commit"}
-    ) in (None, 0)

@@ -13,6 +13,7 @@ import pytest
 from undolog.services.events import EventBroker
 from undolog.services.metrics import ProxyMetrics
 from undolog.store import EventRecord
+from undolog.store._sql import SqlQueries
 from undolog.store.sqlite import SqliteStore
 
 NOW = 1_700_000_000_000_000
@@ -78,15 +79,15 @@ async def test_a_subscriber_that_comes_while_the_ids_are_read_gets_the_events(
 ) -> None:
     broker = EventBroker(store, ProxyMetrics.create())
     ids = await _events(store, 2)
-    read_ids = store.event_ids_since
+    read_ids = SqlQueries.list_event_ids_since
     subs = []
 
-    async def subscribing(after_id: int, limit: int) -> list[int]:
-        found = await read_ids(after_id, limit)
+    async def subscribing(q: SqlQueries, after_id: int, limit: int) -> list[int]:
+        found = await read_ids(q, after_id, limit)
         subs.append(broker.subscribe("org-a"))  # arrives before the mark moves
         return found
 
-    monkeypatch.setattr(store, "event_ids_since", subscribing)
+    monkeypatch.setattr(SqlQueries, "list_event_ids_since", subscribing)
     await broker.catch_up()
     assert broker.hwm == ids[-1]
     sub = subs[0]

@@ -37,12 +37,13 @@ from starlette.responses import Response
 
 from undolog.config import hash_api_key
 from undolog.engine.keys import Role
+from undolog.engine.model import new_id
 from undolog.proxy.errors import answer_error
 from undolog.proxy.inputs import path_problem
 from undolog.proxy.ratelimit import FailureLimiter, client_address
 from undolog.proxy.roles import Principal, allowed
 from undolog.proxy.ui_auth import UiSessions, cookie_token, same_origin
-from undolog.proxy.wire import error_body, uuid4_str
+from undolog.proxy.wire import error_body
 from undolog.services.metrics import ProxyMetrics
 from undolog.store.records import KeyRecord
 from undolog_sdk.errors import (
@@ -251,7 +252,7 @@ class Edge:
             await self.app(scope, receive, send)
             return
         supplied = _header(scope, b"x-request-id")
-        request_id = supplied if supplied and _SAFE_REQUEST_ID.match(supplied) else uuid4_str()
+        request_id = supplied if supplied and _SAFE_REQUEST_ID.match(supplied) else new_id()
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         path: str = scope["path"]

@@ -32,8 +32,9 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from undolog.config import Settings
+from undolog.engine.model import new_id
 from undolog.logs import uvicorn_log_config
-from undolog.proxy.wire import error_body, uuid4_str
+from undolog.proxy.wire import error_body
 
 __all__ = [
     "BoundedHttpToolsProtocol",
@@ -78,7 +79,7 @@ class ConnectionLimits:
 def _refusal(status: int, reason: str, code: str, message: str) -> bytes:
     """A whole HTTP response with the error body and a fresh request id (built per refusal:
     refusals are rare and must not share a timestamp or an id)."""
-    request_id = uuid4_str()
+    request_id = new_id()
     body = orjson.dumps(error_body(request_id, code, message))
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"

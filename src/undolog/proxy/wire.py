@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -37,7 +36,6 @@ __all__ = [
     "session_json",
     "tool_json",
     "undo_entry_json",
-    "uuid4_str",
 ]
 
 JSON_TYPE = "application/json"
@@ -77,17 +75,6 @@ def loads_exact(body: bytes) -> Any:
         raise JSONDecodeError(str(exc)) from None
     except RecursionError:  # orjson allows deeper nesting than the standard library
         raise JSONDecodeError("JSON nested too deeply") from None
-
-
-def uuid4_str() -> str:
-    """`str(uuid.uuid4())`, built without the `UUID` object: the same 16 random bytes from
-    `os.urandom`, the same version (4) and variant bits, the same text, in well under half
-    the time (a request id per request)."""
-    raw = bytearray(os.urandom(16))
-    raw[6] = (raw[6] & 0x0F) | 0x40
-    raw[8] = (raw[8] & 0x3F) | 0x80
-    h = raw.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def iso(us: int | None) -> str | None:

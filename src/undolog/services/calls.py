@@ -10,7 +10,6 @@ commits it (with retries, holding the result if the store stays down); approvals
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -224,14 +223,6 @@ async def _run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcom
     )
 
 
-@functools.lru_cache(maxsize=256)
-def _child(metric: Any, label: str) -> Any:
-    """A metric's child for one label value. `labels()` takes a lock and builds the key on
-    every call, yet answers the same child each time (nothing removes a label set): looked
-    up once per metric and value instead of on every call."""
-    return metric.labels(label)
-
-
 async def _timed(runtime: Runtime, method: str, call: Callable[[], Awaitable[T]]) -> T:
     """An engine call, timed (metrics) and traced (`undolog.<method>`)."""
     started = time.perf_counter()
@@ -239,10 +230,10 @@ async def _timed(runtime: Runtime, method: str, call: Callable[[], Awaitable[T]]
         with tracing.span(f"undolog.{method}"):
             return await call()
     except Exception:
-        _child(runtime.metrics.engine_rpc_errors, method).inc()
+        runtime.metrics.engine_rpc_errors.labels(method).inc()
         raise
     finally:
-        _child(runtime.metrics.engine_rpc_duration, method).observe(time.perf_counter() - started)
+        runtime.metrics.engine_rpc_duration.labels(method).observe(time.perf_counter() - started)
 
 
 async def _with_retries(runtime: Runtime, method: str, call: Callable[[], Awaitable[T]]) -> T:
@@ -254,7 +245,7 @@ async def _with_retries(runtime: Runtime, method: str, call: Callable[[], Awaita
         except UndoLogError as exc:
             if not exc.retryable or attempt == runtime.commit_retry_attempts:
                 raise
-        _child(runtime.metrics.engine_rpc_retries, method).inc()
+        runtime.metrics.engine_rpc_retries.labels(method).inc()
         await asyncio.sleep(delay)
         delay = min(delay * 2, 2.0)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -313,7 +304,7 @@ async def _run_and_settle(
                 upstream=decision.tool.upstream,
             )
     except ToolTransportError as exc:
-        _child(runtime.metrics.executor_duration, "error").observe(time.perf_counter() - started)
+        runtime.metrics.executor_duration.labels("error").observe(time.perf_counter() - started)
         message = str(exc)
         log.warning("tool_error", error=message)
         if not decision.logged:
@@ -329,7 +320,7 @@ async def _run_and_settle(
                 log.error("fail_not_recorded", error=fail_exc.message)
             return Execution(None, ToolError(message))
         return await _in_doubt(runtime, decision, message, log)
-    _child(runtime.metrics.executor_duration, "success" if result.success else "failure").observe(
+    runtime.metrics.executor_duration.labels("success" if result.success else "failure").observe(
         time.perf_counter() - started
     )
     result_json = result.to_json()

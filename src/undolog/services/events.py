@@ -24,7 +24,6 @@ from typing import Any
 
 from undolog.services.metrics import ProxyMetrics
 from undolog.store import EventRecord, Store
-from undolog.store.base import StoreBase
 
 __all__ = ["REPLAY_PAGE", "EventBroker", "Subscriber", "stop_background"]
 
@@ -125,11 +124,11 @@ class EventBroker:
         """The next page above `hwm`: the events, or only their ids while nobody listens
         (the high-water mark needs the ids alone). None: someone began to listen while the
         ids were read, so the events must be read after all."""
-        store = self.store
-        if not self._listened() and isinstance(store, StoreBase):
-            ids = await store.event_ids_since(self.hwm, REPLAY_PAGE)
+        if not self._listened():
+            async with self.store.reader() as q:
+                ids = await q.list_event_ids_since(self.hwm, REPLAY_PAGE)
             return None if self._listened() else ids
-        async with store.reader() as q:
+        async with self.store.reader() as q:
             return await q.list_events_since(self.hwm, REPLAY_PAGE)
 
     async def _advance_locked(self) -> None:

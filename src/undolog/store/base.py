@@ -11,9 +11,8 @@ import re
 from collections.abc import Callable, Collection
 from contextlib import AbstractAsyncContextManager
 from importlib import resources
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
-from undolog.store._sql import SqlQueries
 from undolog.store.protocol import ExecuteNew, NewCall, Queries
 from undolog.store.records import EffectRecord, Finish
 
@@ -40,18 +39,6 @@ class StoreBase(abc.ABC):
         """`Queries.finish_effect` in its own `atomic()` unit (see `Store.finish_effect`)."""
         async with self.atomic() as q:
             return await q.finish_effect(finish)
-
-    async def event_ids_since(self, after_id: int, limit: int) -> list[int]:
-        """The ids of the events above `after_id` (every org), oldest first: what the event
-        broker reads to keep its high-water mark while nobody listens (no payloads, no
-        records). Both dialects' readers are `SqlQueries`."""
-        async with self.reader() as q:
-            rows = await cast(SqlQueries, q)._fetch(
-                "SELECT event_id FROM events WHERE event_id > ? ORDER BY event_id LIMIT ?",
-                after_id,
-                limit,
-            )
-        return [int(row[0]) for row in rows]
 
     def on_events(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback` after each commit that wrote events; returns a remover."""

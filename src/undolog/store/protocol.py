@@ -351,6 +351,9 @@ class Queries(OperatorQueries, Protocol):
     ) -> list[EventRecord]:
         """Events of every org above `after_id`, oldest first (or just the newest ones)."""
 
+    async def list_event_ids_since(self, after_id: int, limit: int) -> list[int]:
+        """The ids of the events of every org above `after_id`, oldest first."""
+
     async def list_events(
         self,
         org_id: str,

@@ -455,6 +455,16 @@ class SqlQueries(RetentionSql, HealthSql, WebhookSql, PageSql, TaskSql):
         )
         return [EVENT.row(r) for r in rows]
 
+    async def list_event_ids_since(self, after_id: int, limit: int) -> list[int]:
+        """The ids of the events of every org above `after_id`, oldest first: what the event
+        broker reads to keep its high-water mark while nobody listens (no payloads)."""
+        rows = await self._fetch(
+            "SELECT event_id FROM events WHERE event_id > ? ORDER BY event_id LIMIT ?",
+            after_id,
+            limit,
+        )
+        return [int(row[0]) for row in rows]
+
     async def list_events(
         self,
         org_id: str,
