@@ -10,7 +10,10 @@ may go once it is over and its org's `retention_days` have passed since its last
   approval is pending.
 
 It goes with its effects, undo entries and approvals, one batch of sessions per transaction,
-so a call waits for one short batch at most. Events go afterwards, walked in id order: an
+so a call waits for one short batch at most. On SQLite the prune pauses between batches
+(`SQLITE_PAUSE_SECONDS`): a writer of another process (the server, while `undolog prune`
+runs) waits for the lock by polling, up to every 100 ms, and would otherwise keep missing the
+short gaps between batches. Events go afterwards, walked in id order: an
 event older than the retention goes when its session is gone (or it has none).
 
 MCP tasks (migration 19) are not kept by retention but by their own `ttl`: `expire_tasks`
@@ -35,8 +38,13 @@ __all__ = [
     "PruneCounts",
     "PruneRule",
     "Retention",
+    "SQLITE_PAUSE_SECONDS",
     "cutoff_us",
 ]
+
+# Longer than SQLite's longest wait between two tries for a lock (its busy handler sleeps 1,
+# 2, 5, ... up to 100 ms): a writer of another process polls at least once in each pause.
+SQLITE_PAUSE_SECONDS = 0.12
 
 DEFAULT_BATCH_SIZE = 200
 MAX_BATCH_SIZE = 10_000  # an IN list of this many ids is still one cheap statement
@@ -124,10 +132,16 @@ class Retention:
         *,
         rule: PruneRule = PRUNE_RULE,
         clock_us: Callable[[], int] = now_us,
+        pause_seconds: float | None = None,
     ) -> None:
         self.store = store
         self.rule = rule
         self._clock = clock_us
+        # Between two batches (None: SQLITE_PAUSE_SECONDS on SQLite, none on PostgreSQL,
+        # whose writers queue on row locks and need no gap to get in).
+        if pause_seconds is None:
+            pause_seconds = SQLITE_PAUSE_SECONDS if store.dialect == "sqlite" else 0.0
+        self.pause_seconds = pause_seconds
 
     async def policies(self, org_id: str | None = None) -> list[tuple[str, int]]:
         """(org id, retention days) of the orgs that do not keep everything (or of `org_id`
@@ -173,7 +187,7 @@ class Retention:
             total += gone
             if gone < batch_size:
                 return total
-            await asyncio.sleep(0)  # let waiting calls in before the next batch
+            await asyncio.sleep(self.pause_seconds)  # let waiting calls in first
 
     async def prune_org(
         self,
@@ -205,7 +219,7 @@ class Retention:
             elif on_batch is not None:
                 on_batch(org_id, counts)
             total += counts
-            await asyncio.sleep(0)  # let waiting calls in before the next batch
+            await asyncio.sleep(self.pause_seconds)  # let waiting calls in first
         events = await self._prune_events(
             org_id, cutoff, batch_size * EVENTS_PER_SESSION, dry_run, gone, on_batch
         )
@@ -270,4 +284,4 @@ class Retention:
             if len(old) < len(chunk) or len(chunk) < limit:
                 return pruned  # reached the young events, or the end
             after_id = chunk[-1][0]
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.pause_seconds)
