@@ -273,9 +273,9 @@ class Bench:
         self,
         http: aiohttp.ClientSession,
         upstream: str,
-        floor: str,
         proxy: str,
         anchor: str | None,
+        floor: str | None = None,  # bench/floor.py, for the `forward` scenario
     ) -> None:
         self.http = http
         self.upstream = upstream
@@ -292,7 +292,7 @@ class Bench:
         for _ in range(n):
             if scenario in ("direct", "forward"):
                 url, body, headers, expect = (
-                    (self.upstream if scenario == "direct" else self.floor) + "/tools/echo",
+                    (self.upstream if scenario == "direct" else str(self.floor)) + "/tools/echo",
                     caller.direct_call(),
                     self.direct_headers,
                     b'"success":true',
@@ -463,7 +463,7 @@ async def measure_store(
         ) as response:
             if response.status != 200:
                 raise RuntimeError(f"PUT /tools/echo: {response.status} {await response.text()}")
-        bench = Bench(http, upstream_url, floor_url, proxy_url, anchor.url if anchor else None)
+        bench = Bench(http, upstream_url, proxy_url, anchor.url if anchor else None, floor_url)
         tallies: dict[tuple[int, str], Tally] = {}
         print(f"\n== {store}: proxy pid {proxy.pid}, uvloop in proxy: {uses_uvloop(proxy.pid)}")
         for concurrency in concurrencies:
