@@ -4,12 +4,10 @@ exactly what the upstream answers, and the report's floor ratios (bench/run.py).
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.support.servers import ThreadServer
 from undolog.demo.tools import create_demo_tools_app
@@ -20,16 +18,8 @@ from floor import Forwarder
 from run import floor_ratios, ratios
 
 
-@pytest.fixture
-def upstream() -> Iterator[ThreadServer]:
-    server = ThreadServer(create_demo_tools_app()).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def test_the_forwarder_hands_back_what_the_upstream_answers(upstream: ThreadServer) -> None:
+def test_the_forwarder_hands_back_what_the_upstream_answers() -> None:
+    upstream = ThreadServer(create_demo_tools_app()).start()
     forwarder = ThreadServer(Forwarder(upstream.url)).start()
     body = {"args": {"text": "hello", "n": 7}, "session_id": "s", "effect_id": "e"}
     try:
@@ -39,6 +29,7 @@ def test_the_forwarder_hands_back_what_the_upstream_answers(upstream: ThreadServ
         health = httpx.get(forwarder.url + "/health", timeout=10)
     finally:
         forwarder.stop()
+        upstream.stop()
     assert direct.status_code == forwarded.status_code == 200
     assert forwarded.json() == direct.json() and b'"success":true' in forwarded.content
     assert missing.status_code == 404  # the upstream's status, not the forwarder's
