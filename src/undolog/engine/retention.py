@@ -35,10 +35,10 @@ __all__ = [
     "DEFAULT_BATCH_SIZE",
     "MAX_BATCH_SIZE",
     "PRUNE_RULE",
+    "SQLITE_PAUSE_SECONDS",
     "PruneCounts",
     "PruneRule",
     "Retention",
-    "SQLITE_PAUSE_SECONDS",
     "cutoff_us",
 ]
 
