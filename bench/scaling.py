@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 import run as bench
+from report import format_row
 
 from undolog.supervisor import WORKER_HEADER_ENV
 
@@ -137,7 +138,7 @@ async def measure_workers(
             row = bench.summarise(f"pg-w{count}", concurrency, "new", tallies[count])
             row["workers"] = count
             rows.append(row)
-            print(bench.format_row(row), flush=True)
+            print(format_row(row), flush=True)
         return rows
     finally:
         for proxy, _, _ in proxies.values():

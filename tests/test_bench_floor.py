@@ -1,5 +1,5 @@
 """bench/floor.py, the floor's row of the bench: a forwarder that keeps nothing hands back
-exactly what the upstream answers, and the report's floor ratios (bench/run.py)."""
+exactly what the upstream answers, and the report's floor ratios (bench/report.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from undolog.demo.tools import create_demo_tools_app
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from floor import Forwarder
-from run import floor_ratios, ratios
+from report import floor_ratios, ratios
 
 
 def test_the_forwarder_hands_back_what_the_upstream_answers() -> None:
