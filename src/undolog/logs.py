@@ -16,7 +16,13 @@ from typing import Any
 import orjson
 import structlog
 
-__all__ = ["JsonFormatter", "configure_logging", "internal_error_message", "uvicorn_log_config"]
+__all__ = [
+    "JsonFormatter",
+    "LazyLog",
+    "configure_logging",
+    "internal_error_message",
+    "uvicorn_log_config",
+]
 
 
 class JsonFormatter(logging.Formatter):
@@ -71,3 +77,21 @@ def internal_error_message(request_id: str) -> str:
     """What a client is told about a bug, by any front end: a fixed text and the request id
     that finds the details in the log; never the exception, whose text may carry internals."""
     return f"internal error: the proxy logged the details under request id {request_id}"
+
+
+class LazyLog:
+    """A logger bound to a call's context only when something is logged: most calls log
+    nothing, and each structlog `bind` builds a logger and copies its context. Logs exactly
+    what `log.bind(**context)` would."""
+
+    __slots__ = ("_context", "_log")
+
+    def __init__(self, log: Any, context: dict[str, Any]) -> None:
+        self._log = log
+        self._context = context
+
+    def bind(self, **values: Any) -> LazyLog:
+        return LazyLog(self._log, {**self._context, **values})
+
+    def __getattr__(self, name: str) -> Any:  # a log method (warning, error, ...): bind now
+        return getattr(self._log.bind(**self._context), name)

@@ -10,7 +10,8 @@ import structlog
 import structlog.testing
 
 from undolog.engine import Decision, Outcome
-from undolog.services.calls import CallOutcome, CallStatus, _LazyLog, refused
+from undolog.logs import LazyLog
+from undolog.services.calls import CallOutcome, CallStatus, refused
 from undolog.store.records import ToolRecord
 from undolog_sdk.errors import (
     AdvisoryLockTimeout,
@@ -97,7 +98,7 @@ def test_a_calls_log_binds_its_context_only_when_it_logs_and_logs_what_bind_woul
             bound_calls.append(context)
             return structlog.get_logger("t").bind(**context)
 
-    lazy = _LazyLog(_Counting(), {"request_id": "r", "org_id": "o"}).bind(effect_id="e")
+    lazy = LazyLog(_Counting(), {"request_id": "r", "org_id": "o"}).bind(effect_id="e")
     assert bound_calls == []  # nothing logged yet: nothing bound
     with structlog.testing.capture_logs() as logged:
         lazy.warning("tool_error", error="boom")

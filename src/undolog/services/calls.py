@@ -23,6 +23,7 @@ from undolog.engine.approvals import DecisionResult
 from undolog.engine.model import ORG_WIDE, Actor
 from undolog.engine.states import REPLAYABLE_STATES
 from undolog.faults import crash_point
+from undolog.logs import LazyLog
 from undolog.services import tracing
 from undolog.services.executor import ToolTransportError, ToolUnreachable
 from undolog_sdk.errors import (
@@ -115,24 +116,6 @@ class CallOutcome:
         return None
 
 
-class _LazyLog:
-    """A logger bound to a call's context only when something is logged: most calls log
-    nothing, and each structlog `bind` builds a logger and copies its context. Logs exactly
-    what `log.bind(**context)` would."""
-
-    __slots__ = ("_context", "_log")
-
-    def __init__(self, log: Any, context: dict[str, Any]) -> None:
-        self._log = log
-        self._context = context
-
-    def bind(self, **values: Any) -> _LazyLog:
-        return _LazyLog(self._log, {**self._context, **values})
-
-    def __getattr__(self, name: str) -> Any:  # a log method (warning, error, ...): bind now
-        return getattr(self._log.bind(**self._context), name)
-
-
 def refused(exc: UndoLogError, log: Any) -> CallOutcome:
     """A call the engine would not take: refused, or the engine's own failure (logged)."""
     if isinstance(exc, _ENGINE_FAILURES):
@@ -183,7 +166,7 @@ async def run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcome
 
 async def _run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcome:
     context = {"request_id": request_id, "org_id": call.org_id, "session_id": call.session_id}
-    log = _LazyLog(runtime.log, context)
+    log = LazyLog(runtime.log, context)
     if call.step_index is None and call.mode == ExecutionMode.PROXY:
         await runtime.deliveries.settle(call.org_id, call.session_id)
     try:

@@ -21,6 +21,7 @@ import structlog
 import yarl
 
 from undolog.faults import crash_point
+from undolog.logs import LazyLog
 from undolog.services import tracing
 from undolog.upstreams import UpstreamRegistry, signed_headers, tool_url
 
@@ -36,12 +37,6 @@ __all__ = [
 _log = structlog.get_logger("undolog.executor")
 # Tool addresses kept built (`ToolExecutor._url`); past this many the cache starts over.
 _MAX_URLS = 1024
-
-
-def _where(upstream: str, tool_name: str, effect_id: str) -> dict[str, str]:
-    """The fields that say which call a warning is about (bound only when one is logged:
-    binding a logger on every call cost more than the rest of the call's own logging)."""
-    return {"upstream": upstream, "tool": tool_name, "effect_id": effect_id}
 
 
 class ToolTransportError(Exception):
@@ -174,6 +169,7 @@ class ToolExecutor:
             **signed_headers(target.secret, org_id, effect_id),
         }
         tracing.inject(headers)  # the current span's traceparent (services/tracing.py)
+        log = LazyLog(_log, {"upstream": target.name, "tool": tool_name, "effect_id": effect_id})
         try:
             async with self._session.post(
                 self._url(target.url, tool_name),
@@ -188,29 +184,16 @@ class ToolExecutor:
             # No connection was made: nothing was sent (refused, DNS, connect timeout).
             raise ToolUnreachable(f"upstream unreachable calling '{tool_name}'") from None
         except TimeoutError:
-            _log.warning(
-                "upstream_timeout",
-                **_where(target.name, tool_name, effect_id),
-                timeout_seconds=self.timeout.total,
-            )
+            log.warning("upstream_timeout", timeout_seconds=self.timeout.total)
             raise ToolOutcomeUnknown(
                 f"upstream timed out after {self.timeout.total}s calling '{tool_name}'"
             ) from None
         except aiohttp.ClientError as exc:
             # Connected, and the request may have been sent: the tool may have run.
-            _log.warning(
-                "upstream_connection_lost",
-                **_where(target.name, tool_name, effect_id),
-                error=repr(exc),
-            )
+            log.warning("upstream_connection_lost", error=repr(exc))
             raise ToolOutcomeUnknown(f"upstream connection lost calling '{tool_name}'") from None
         result = _parse_tool_result(raw)
         if result is None:
-            _log.warning(
-                "upstream_bad_answer",
-                **_where(target.name, tool_name, effect_id),
-                status=status,
-                bytes=len(raw),
-            )
+            log.warning("upstream_bad_answer", status=status, bytes=len(raw))
             raise ToolOutcomeUnknown(f"upstream gave no valid ToolResult calling '{tool_name}'")
         return result
