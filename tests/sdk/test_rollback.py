@@ -548,6 +548,58 @@ async def test_siblings_in_a_task_group_are_failed_before_the_rollback_which_ski
     assert ledger.calls == []
 
 
+class HeldAnswerClient(UndoLogClient):
+    """A client whose intercept, once the proxy has answered, holds the answer until `release`
+    is set: the caller can be cancelled while, as far as it knows, the request is in flight."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.answered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def intercept(self, *args: Any, **kwargs: Any) -> Any:
+        answer = await super().intercept(*args, **kwargs)
+        self.answered.set()
+        await self.release.wait()
+        return answer
+
+
+async def test_a_call_cancelled_while_its_intercept_is_in_flight_is_recorded_as_not_run(
+    proxy: ProxyHarness,
+) -> None:
+    """Cancelled after the proxy recorded the intent but before the SDK had its answer, the
+    body never ran: the SDK waits for the answer and reports the call failed, so it is never
+    left in doubt (nor its undo entry run)."""
+    ledger = Ledger()
+    undo_write = ledger.register("undo_cancelled_write")
+    ran = []
+    held = HeldAnswerClient(proxy.url, api_key=proxy.api_key)
+
+    @undolog_tool(
+        tier=ToolTier.COMPENSABLE, compensation=CompensationDescriptor.new(undo_write), client=held
+    )
+    async def cancelled_write(n: int) -> dict[str, Any]:
+        ran.append(n)
+        return {"n": n}
+
+    session = UndoLogSession(org_id=proxy.org_id)
+    try:
+        task = asyncio.create_task(cancelled_write(1, _session=session))
+        await asyncio.wait_for(held.answered.wait(), 30)
+        task.cancel()
+        held.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        await held.aclose()
+
+    assert ran == []
+    view = session_view(proxy, session.session_id)
+    (effect,) = view["effects"]
+    assert effect["state"] == "failed"
+    assert "cancelled" in json.dumps(effect)
+
+
 class GatedClient(UndoLogClient):
     """A client whose first claim waits for `before_claim`, and which signals `answered` once
     the proxy has told it to run an entry: a test can line two runners up on one entry."""

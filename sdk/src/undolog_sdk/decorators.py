@@ -14,6 +14,8 @@ numbers, booleans and None (tuples come back as lists on a replay).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -172,7 +174,11 @@ async def _ask(
             tier.value,
             compensation.to_dict() if compensation is not None else None,
         )
-        decision = await c.intercept(session.org_id, session.session_id, name, step, call_args)
+        decision = await _answer_of(
+            c.intercept(session.org_id, session.session_id, name, step, call_args),
+            c,
+            session,
+        )
         # The proxy has seen the session now: leaving the block completes or rolls it back.
         # A call refused before that (not JSON, proxy unreachable) does not.
         session._used = True
@@ -180,6 +186,35 @@ async def _ask(
         session._give_back_step(step)
         raise
     return _Asked(step, signed, decision)
+
+
+async def _answer_of(
+    asking: Coroutine[Any, Any, InterceptResponse], c: UndoLogClient, session: UndoLogSession
+) -> InterceptResponse:
+    """The proxy's answer to an intercept, even when the caller is cancelled while it is in
+    flight: the proxy may have recorded the intent already, and a call it told to run whose
+    body never runs is reported failed ("cancelled before it ran"), never left in doubt."""
+    asked = asyncio.ensure_future(asking)
+    asked.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved
+    try:
+        return await asyncio.shield(asked)
+    except asyncio.CancelledError:
+        if not asked.done():
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(asked)  # a second cancellation gives up waiting
+        if asked.done() and not asked.cancelled() and asked.exception() is None:
+            decision = asked.result()
+            if decision.outcome == Outcome.EXECUTE and decision.effect_id:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(
+                        c.fail(
+                            session.org_id,
+                            session.session_id,
+                            decision.effect_id,
+                            "CancelledError: cancelled before it ran",
+                        )
+                    )
+        raise
 
 
 def _awaiting(session: UndoLogSession, asked: _Asked, name: str) -> AwaitingApprovalError:
