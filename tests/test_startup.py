@@ -245,3 +245,19 @@ def test_serve_without_an_org_says_how_to_add_one_and_logs_json_lines(tmp_path: 
     assert any(f"127.0.0.1:{port}" in event for event in events), events  # "Uvicorn running"
     assert all(entry["level"] in ("info", "warning") for entry in logs), logs
     assert all("timestamp" in entry for entry in logs), logs
+
+
+def test_an_unwritable_spool_exits_2_naming_it(tmp_path: Path) -> None:
+    """Results held while the store is away go to the spool: a proxy that could not write
+    them down does not start (a folder under a regular file cannot be made, even by root)."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x", encoding="utf-8")
+    spool = blocker / "spool"
+    database = tmp_path / "u.db"
+    code, lines = _serve(
+        "--database-url", f"sqlite:///{database}", "--port", str(free_port()),
+        "--spool-dir", str(spool),
+    )  # fmt: skip
+    error = _config_error(lines, code)
+    assert str(spool) in error and "--spool-dir" in error
+    assert not database.exists()

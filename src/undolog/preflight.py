@@ -7,6 +7,7 @@ written, `check_start` makes sure that:
 - every address the process will listen on is free (the proxy, the demo tool server, the
   separate /metrics listener), and no two of them are the same;
 - every stdio upstream of the `[mcp]` table names a command that exists;
+- the spool folder (`--spool-dir`) can be written and fsync'd;
 - every `[[tools]]` entry names an org that is declared in `[[orgs]]` (or is the demo org) or
   already exists in the database.
 
@@ -24,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from undolog.config import DEFAULT_HOST, Settings
+from undolog.services.held import spool_problem
 
 __all__ = ["StartProblem", "check_start", "missing_command", "port_problem"]
 
@@ -56,6 +58,12 @@ async def check_start(
                 raise StartProblem(
                     f"[mcp] upstream {upstream.name!r}: command {upstream.command!r} {missing}"
                 )
+    problem = spool_problem(settings.spool_dir)
+    if problem:
+        raise StartProblem(
+            f"the spool folder {settings.spool_dir} cannot be written: {problem} (--spool-dir: "
+            "results held while the store is away are written there)"
+        )
     await _check_tool_orgs(settings, demo_org)
 
 

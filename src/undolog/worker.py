@@ -9,10 +9,12 @@ parent's sentinel becomes readable), so that a supervisor killed -9 leaves no wo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import multiprocessing
 import os
 import socket
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -79,6 +81,10 @@ def worker_main(
     from undolog.proxy.server import build_config
 
     configure_logging(settings.log_level)
+    # Each worker keeps its own spool of held results, found again by its index on restart.
+    settings = dataclasses.replace(
+        settings, spool_dir=str(Path(settings.spool_dir) / f"worker-{index}")
+    )
     app: Any = create_app(settings, prepared=True)
     if header:
         app = _WorkerHeader(app, f"{index}/{os.getpid()}")

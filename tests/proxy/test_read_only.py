@@ -10,6 +10,7 @@ read-only for real: PostgreSQL with `ALTER DATABASE ... SET default_transaction_
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,7 @@ from tests.conftest import _pg_admin_url
 from tests.proxy.conftest import METRICS_AUTH, ProxyHarness
 from tests.support.servers import wait_until
 from undolog.services.held import SPOOL_FILE
+from undolog.store import open_store
 
 TOOL_CALL = "/mcp/tool_call"
 
@@ -190,9 +192,12 @@ def test_a_result_whose_commit_fails_is_answered_spooled_and_committed_later(
     assert proxy.counters("slow") == {effect_id: 1}
 
 
-def test_a_held_result_that_cannot_commit_within_the_lease_stays_spooled_for_the_operator(
+def test_a_held_result_that_outlives_the_lease_is_committed_without_an_operator(
     holding_proxy: ProxyHarness,
 ) -> None:
+    """The store stays away longer than the lease: the sweeper puts the effect in doubt once
+    the store is back, and the proxy, which wrote the result down, settles it with that
+    result; nobody resolves it by hand."""
     proxy = holding_proxy
     body = {"session_id": str(uuid.uuid4()), "tool_name": "slow", "step_index": 1,
             "args": {"seconds": 0.5}}  # fmt: skip
@@ -201,20 +206,100 @@ def test_a_held_result_that_cannot_commit_within_the_lease_stays_spooled_for_the
             answer = _cut_mid_call(proxy, body)
             assert outcome(answer) == "200 executed", answer.text
             effect_id = answer.json()["effect_id"]
-            wait_until(lambda: held(c, "given_up") == 1.0, what="the lease to run out")
+            lease_over = time.monotonic() + 2 * proxy.settings.lease_seconds
+            wait_until(lambda: time.monotonic() > lease_over, what="the lease to run out")
         finally:
             set_read_only(proxy, False)
 
-        def in_doubt() -> bool:
-            return bool(c.get(f"/effects/{effect_id}").json()["state"] == "in_doubt")
+        def committed() -> bool:
+            return bool(c.get(f"/effects/{effect_id}").json()["state"] == "committed")
 
-        wait_until(in_doubt, what="the sweeper")
-        [line] = spool_lines(proxy)
-        resolved = c.post(
-            f"/effects/{effect_id}/resolve", json={"outcome": "committed", "result": line["result"]}
-        )
-        assert resolved.status_code == 200, resolved.text
+        wait_until(committed, what="the held result to be settled by the proxy")
+        assert held(c, "given_up") == 0.0
         replay = c.post(TOOL_CALL, json=body)
     assert outcome(replay) == "200 replayed"
     assert replay.json()["result"] == answer.json()["result"]
     assert proxy.counters("slow") == {effect_id: 1}
+
+
+def test_a_result_that_can_be_neither_committed_nor_spooled_is_never_answered_200(
+    holding_proxy: ProxyHarness,
+) -> None:
+    """The commit fails and the spool cannot be written: the result would live only in
+    memory, so the agent is told the call is in doubt (with the reason), never `200`; the
+    proxy still commits it once the store is back, and a retry then replays it."""
+    proxy = holding_proxy
+    spool = Path(proxy.settings.spool_dir) / SPOOL_FILE
+    spool.mkdir(parents=True)  # a directory where the spool file goes: no line can be written
+    body = {"session_id": str(uuid.uuid4()), "tool_name": "slow", "step_index": 1,
+            "args": {"seconds": 0.5}}  # fmt: skip
+    with proxy.client() as c:
+        try:
+            answer = _cut_mid_call(proxy, body)
+            assert outcome(answer) == "409 effect_in_doubt", answer.text
+            assert "spool" in answer.json()["message"]
+            effect_id = answer.json()["effect_id"]
+            ready = c.get("/ready")
+            assert ready.status_code == 503, ready.text
+            assert ready.json()["code"] == "spool_unwritable"
+            assert str(spool) not in ready.text  # paths stay in the log
+        finally:
+            set_read_only(proxy, False)
+
+        def committed() -> bool:
+            return bool(c.get(f"/effects/{effect_id}").json()["state"] == "committed")
+
+        wait_until(committed, what="the result kept in memory to commit")
+        replay = c.post(TOOL_CALL, json=body)
+    assert outcome(replay) == "200 replayed"
+    assert proxy.counters("slow") == {effect_id: 1}
+
+
+def test_a_restarted_proxy_commits_what_its_spool_holds(
+    holding_proxy: ProxyHarness, proxy_factory: Any
+) -> None:
+    """The proxy stops while it holds a result (the store still read-only); a proxy started
+    later on the same spool commits it, and an effect already settled is left alone."""
+    first = holding_proxy
+    body = {"session_id": str(uuid.uuid4()), "tool_name": "slow", "step_index": 1,
+            "args": {"seconds": 0.5}}  # fmt: skip
+    try:
+        answer = _cut_mid_call(first, body)
+        assert outcome(answer) == "200 executed", answer.text
+        effect_id = answer.json()["effect_id"]
+        assert first.server is not None
+        first.server.stop()  # its held commit is cancelled: the result is only in the spool
+    finally:
+        set_read_only_after_stop(first)
+    assert [x["status"] for x in spool_lines(first)] == ["held"]
+    later = proxy_factory(spool_dir=first.settings.spool_dir, lease_seconds=1.5)
+
+    def committed() -> bool:  # the first proxy's org, read on the shared store
+        return effect_state(later, first.org_id, effect_id) == "committed"
+
+    wait_until(committed, what="the restarted proxy to commit the spooled result")
+    assert [x["status"] for x in spool_lines(first)][-1] == "committed"
+    with later.client() as c:
+        assert held(c, "recovered") == 1.0
+    assert first.counters("slow") == {effect_id: 1}
+
+
+def set_read_only_after_stop(proxy: ProxyHarness) -> None:
+    """Make the store writable again once the proxy that held its connections is gone."""
+    store: Any = proxy.runtime.store
+    if store.dialect == "postgres":
+        asyncio.run(_pg_read_only(proxy.database_url.rsplit("/", 1)[1].split("?")[0], False))
+    # SQLite's query_only was a pragma of the stopped proxy's own connections.
+
+
+def effect_state(proxy: ProxyHarness, org_id: str, effect_id: str) -> str:
+    async def read() -> str:
+        store = await open_store(proxy.database_url)
+        try:
+            async with store.reader() as q:
+                effect = await q.get_effect(org_id, effect_id)
+            return "" if effect is None else str(effect.state)
+        finally:
+            await store.close()
+
+    return asyncio.run(read())

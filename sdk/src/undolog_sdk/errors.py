@@ -406,10 +406,12 @@ class EffectInDoubt(UndoLogError):
     code = "effect_in_doubt"
     http_status = 409
 
-    def __init__(self, effect_id: str) -> None:
+    def __init__(self, effect_id: str, reason: str | None = None) -> None:
         self.effect_id = effect_id
         super().__init__(
-            f"Effect '{effect_id}' is in doubt: its execution lease expired before it was "
+            f"Effect '{effect_id}' is in doubt: {reason}"
+            if reason
+            else f"Effect '{effect_id}' is in doubt: its execution lease expired before it was "
             "committed or failed; an operator must resolve it"
         )
 

@@ -315,9 +315,11 @@ class Effects(Registry):
         result_json: str | None = None,
         error: str | None = None,
         by: str = "operator",
+        undoable: bool = True,
     ) -> EffectRecord:
         """An operator (`by`, recorded in the event: the key's name) settles an `in_doubt`
-        effect as committed (with a result) or failed."""
+        effect as committed (with a result) or failed. `undoable=False`: the result records
+        a logical failure (see `commit`)."""
         if outcome not in (EffectState.COMMITTED, EffectState.FAILED):
             raise InvalidRequest("outcome must be 'committed' or 'failed'")
         target = EffectState(outcome)
@@ -340,6 +342,7 @@ class Effects(Registry):
             if target is EffectState.COMMITTED
             else error or "resolved as failed by an operator",
             resolved_by=by,
+            undoable=undoable,
         )
 
     async def _finish(

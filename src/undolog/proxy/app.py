@@ -112,6 +112,7 @@ def create_app(settings: Settings, *, prepared: bool = False) -> Any:
                     ) from None
             await runtime.broker.start()
             runtime.leases.start()
+            await runtime.held.recover(runtime.log)
             if runtime.webhooks is not None:
                 await runtime.webhooks.start()
             sweepers = [

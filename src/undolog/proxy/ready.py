@@ -3,8 +3,10 @@
 `/health` answers as long as the process serves HTTP (the reference's liveness probe: restart
 me if this fails). `/ready` also asks the store a trivial query (the schema version) within a
 short timeout, and answers 503 `store_unavailable` when it does not answer: take this instance
-out of the load balancer until the database is back. The database's own error text stays in
-the log, never in the answer. Both are outside auth.
+out of the load balancer until the database is back. It also writes and fsyncs a probe file in
+the spool's folder, and answers 503 `spool_unwritable` when it cannot: a result held during a
+store outage would then not be durable (`undolog.services.held`). The database's own error
+text stays in the log, never in the answer. Both are outside auth.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from undolog.proxy.wire import error_body, json_response
 if TYPE_CHECKING:
     from undolog.services.runtime import Runtime
 
-__all__ = ["STORE_UNAVAILABLE", "router"]
+__all__ = ["SPOOL_UNWRITABLE", "STORE_UNAVAILABLE", "router"]
 
 STORE_UNAVAILABLE = "store_unavailable"
+SPOOL_UNWRITABLE = "spool_unwritable"
 
 router = APIRouter()
 
@@ -41,5 +44,15 @@ async def ready(request: Request) -> Response:
         )
         message = "the store does not answer; this instance is not ready"
         body = error_body(request.state.request_id, STORE_UNAVAILABLE, message)
+        return json_response(body, 503)
+    if not await runtime.held.writable():
+        structlog.get_logger("undolog.proxy").warning(
+            "not_ready", reason=SPOOL_UNWRITABLE, spool=str(runtime.held.path.parent)
+        )
+        message = (
+            "the spool cannot be written: a result held while the store is away would not be "
+            "durable; this instance is not ready"
+        )
+        body = error_body(request.state.request_id, SPOOL_UNWRITABLE, message)
         return json_response(body, 503)
     return json_response({"status": "ok", "service": "undolog-proxy", "store": "ok"})

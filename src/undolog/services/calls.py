@@ -318,8 +318,10 @@ async def _run_and_settle(
         )
     except UndoLogError as exc:
         if exc.retryable:  # the store is unavailable: hold the result, never drop it
-            await runtime.held.hold(decision, result_json, result.success, log)
-            return Execution(result_json, None, commit_pending=True)
+            if await runtime.held.hold(decision, result_json, result.success, log):
+                return Execution(result_json, None, commit_pending=True)
+            # Neither committed nor written down: only this process's memory has it.
+            return Execution(None, EffectInDoubt(effect_id, reason=_NOT_DURABLE))
         recorded = await _recorded_result(runtime, org_id, effect_id)
         if recorded is not None:  # another run of this effect committed first: its result
             return Execution(recorded, None, replayed=True)
@@ -327,6 +329,12 @@ async def _run_and_settle(
         return Execution(None, CommitFailed(told(exc)))
     crash_point("after_commit")
     return Execution(result_json, None)
+
+
+_NOT_DURABLE = (
+    "the tool ran, but its result could neither be committed (the store is unavailable) nor "
+    "written to the spool; the proxy keeps committing it, and a retry replays it once it is"
+)
 
 
 async def _in_doubt(runtime: Runtime, decision: Decision, message: str, log: Any) -> Execution:

@@ -167,8 +167,8 @@ class ProxyMetrics:
             ),
             held_results=Counter(
                 "undolog_proxy_held_results_total",
-                "Results whose commit failed: held (answered, spooled, retried in the "
-                "background), committed (later), given_up (left in the spool for an operator).",
+                "Results whose commit failed: held (spooled, retried in the background), "
+                "committed (later, by this run), recovered (from the spool, after a restart).",
                 ["outcome"],
                 registry=r,
             ),
