@@ -19,8 +19,10 @@ import asyncio
 import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
@@ -33,6 +35,7 @@ from tests.support.servers import ThreadServer, await_until, wait_until
 from undolog.config import OrgConfig
 from undolog.proxy import create_app
 from undolog.webhook_config import WebhookConfig
+from undolog_sdk import call_signature
 
 __all__ = ["pg_forwarder"]  # the fixture, used here
 
@@ -173,3 +176,60 @@ def test_a_tool_call_while_the_store_is_down_names_no_database_text(
             (502, "intercept_failed"), (503, "database_error")
         }, answer.text  # fmt: skip
         assert not any(word in body["message"].lower() for word in DATABASE_WORDS), body
+
+
+def _effects_of(database_url: str, org_id: str, session_id: str) -> list[dict[str, Any]]:
+    """The session's effects, read straight from PostgreSQL (not through the forwarder)."""
+
+    async def read() -> list[dict[str, Any]]:
+        conn = await asyncpg.connect(database_url)
+        try:
+            rows = await conn.fetch(
+                "SELECT effect_id, state, attempts, error FROM effects "
+                "WHERE org_id = $1 AND session_id = $2",
+                org_id,
+                session_id,
+            )
+        finally:
+            await conn.close()
+        return [dict(row) for row in rows]
+
+    return asyncio.run(read())
+
+
+def test_an_intent_whose_answer_was_lost_is_failed_once_the_store_is_back_not_in_doubt(
+    proxy_via: tuple[ProxyHarness, Forwarder], pg_url: str
+) -> None:
+    """The intent commits but the connection drops before its answer comes back: the proxy
+    never sent the call upstream, so once the store answers again it records the call as not
+    run (`failed`, with the reason), and the agent's retry runs it, once. Nothing is left in
+    doubt for an operator."""
+    proxy, forwarder = proxy_via
+    session_id = str(uuid.uuid4())
+    body = {"session_id": session_id, "tool_name": "slow", "step_index": 1,
+            "args": {"seconds": 0}}  # fmt: skip
+    signature = call_signature(session_id, 1, "slow", body["args"])
+    with proxy.client() as c, ThreadPoolExecutor(1) as pool:
+        forwarder.mute_after(signature.encode())  # the intent's own statement, then silence
+        pending = pool.submit(c.post, "/mcp/tool_call", json=body)
+        wait_until(
+            lambda: (
+                [e["state"] for e in _effects_of(pg_url, proxy.org_id, session_id)] == ["executing"]
+            ),
+            what="the intent to commit",
+        )
+        forwarder.cut()
+        answer = pending.result(timeout=60)
+        forwarder.restore()
+        assert answer.status_code in (502, 503), answer.text
+        (effect,) = _effects_of(pg_url, proxy.org_id, session_id)
+        wait_until(
+            lambda: _effects_of(pg_url, proxy.org_id, session_id)[0]["state"] == "failed",
+            what="the proxy to record the call as not run",
+        )
+        (failed,) = _effects_of(pg_url, proxy.org_id, session_id)
+        assert "never" in failed["error"]
+        retry = c.post("/mcp/tool_call", json=body)
+    assert retry.status_code == 200, retry.text
+    assert retry.json()["status"] == "executed"
+    assert proxy.counters("slow") == {effect["effect_id"]: 1}

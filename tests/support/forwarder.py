@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,8 @@ class Forwarder:
     accepted: int = 0
     refused: int = 0
     _cut: bool = False
+    _muted: bool = False
+    _mute_marker: bytes | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
     _server: asyncio.Server | None = None
@@ -68,8 +70,18 @@ class Forwarder:
         self._on_loop(self._drop_all())
 
     def restore(self) -> None:
-        """Forward new connections again."""
+        """Forward new connections again (and the answers, if muted)."""
         self._on_loop(self._set_cut(False))
+
+    def mute(self) -> None:
+        """Drop what the target answers, on every connection, until `cut()` or `restore()`:
+        requests still arrive (and may commit) but their answers never do."""
+        self._on_loop(self._set_muted(True))
+
+    def mute_after(self, marker: bytes) -> None:
+        """`mute()` as soon as a request carrying `marker` has been forwarded (for example a
+        statement's bound parameter): that request reaches the target, its answer does not."""
+        self._mute_marker = marker
 
     @property
     def open_connections(self) -> int:
@@ -87,6 +99,15 @@ class Forwarder:
 
     async def _set_cut(self, value: bool) -> None:
         self._cut = value
+        self._muted = False
+        self._mute_marker = None
+
+    async def _set_muted(self, value: bool) -> None:
+        self._muted = value
+
+    def _sent(self, data: bytes) -> None:
+        if self._mute_marker is not None and self._mute_marker in data:
+            self._muted = True
 
     async def _drop_all(self) -> None:
         self._cut = True
@@ -112,7 +133,10 @@ class Forwarder:
         upstream: asyncio.StreamWriter | None = None
         try:
             up_reader, upstream = await asyncio.open_connection(self.target_host, self.target_port)
-            await asyncio.gather(_pump(reader, upstream), _pump(up_reader, writer))
+            await asyncio.gather(
+                _pump(reader, upstream, sent=self._sent),
+                _pump(up_reader, writer, muted=lambda: self._muted),
+            )
         except (OSError, asyncio.CancelledError):
             pass
         finally:
@@ -122,11 +146,21 @@ class Forwarder:
                 _abort(upstream)
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Copy one direction until EOF; then close the other side's writing half."""
+async def _pump(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    *,
+    muted: Callable[[], bool] = lambda: False,
+    sent: Callable[[bytes], None] = lambda data: None,
+) -> None:
+    """Copy one direction until EOF (dropping what is read while `muted()`, telling `sent`
+    what was forwarded); then close the other side's writing half."""
     while data := await reader.read(_CHUNK):
+        if muted():
+            continue
         writer.write(data)
         await writer.drain()
+        sent(data)
     with contextlib.suppress(OSError):
         writer.write_eof()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from undolog.engine.decide import Action, decide
@@ -24,6 +24,7 @@ from undolog.engine.model import (
     Actor,
     Call,
     Decision,
+    IntentLost,
     Outcome,
     event_json,
     new_id,
@@ -47,6 +48,7 @@ from undolog.store.records import (
     ToolRecord,
 )
 from undolog_sdk.errors import (
+    Database,
     DuplicateSignature,
     EffectInDoubt,
     InvalidRequest,
@@ -247,12 +249,21 @@ class Engine(Intents):
             event = (EventType.EFFECT_INTERCEPTED, self._intercepted_payload(effect))
             return effect, self._new_undo_entry(effect, call.tool), event
 
-        outcome, existing = await self.store.execute_new(
-            NewCall(call.org_id, call.session_id, signature, records),
-            (_REPLAYABLE, EventType.EFFECT_REPLAYED, self._replayed_payload(call.tool.name, step)),
-            owner=call.actor.key_id,
-            owner_only=call.actor.own_sessions_only,
-        )
+        try:
+            outcome, existing = await self.store.execute_new(
+                NewCall(call.org_id, call.session_id, signature, records),
+                (
+                    _REPLAYABLE,
+                    EventType.EFFECT_REPLAYED,
+                    self._replayed_payload(call.tool.name, step),
+                ),
+                owner=call.actor.key_id,
+                owner_only=call.actor.own_sessions_only,
+            )
+        except Database as exc:
+            if not built:  # nothing was sent to be written
+                raise
+            raise IntentLost(exc.detail, call.org_id, built[0].effect_id, 1) from exc
         if outcome == "forbidden":
             raise session_refused(call.session_id)
         if outcome == "inserted":
@@ -291,13 +302,33 @@ class Engine(Intents):
     async def _intercept_locked(
         self, call: Call, step: int, signature: str, *, known_absent: bool
     ) -> Plan:
-        async with self.store.transaction(lock_key=signature) as q:
+
+        async def decide_in(q: Queries) -> Plan:
             now = self._clock()
             session = await self._touch_session(q, call, step, now)
             existing = (
                 None if known_absent else await q.get_effect_by_signature(call.org_id, signature)
             )
             return await self._decide_and_apply(q, call, session, step, signature, existing)
+
+        return await self._decided(call.org_id, signature, decide_in)
+
+    async def _decided(
+        self, org_id: str, lock_key: str, decide_in: Callable[[Queries], Awaitable[Plan]]
+    ) -> Plan:
+        """`decide_in` one transaction under `lock_key`. A connection lost at its commit may
+        have recorded a run that the caller will never start: `IntentLost` names it."""
+        plan: Plan | None = None
+        try:
+            async with self.store.transaction(lock_key=lock_key) as q:
+                plan = await decide_in(q)
+        except Database as exc:
+            decision = plan.decision if plan is not None else None
+            if decision is None or decision.outcome is not Outcome.EXECUTE or not decision.logged:
+                raise
+            raise IntentLost(exc.detail, org_id, decision.effect_id, decision.attempt) from exc
+        assert plan is not None
+        return plan
 
     async def _intercept_unnumbered(self, call: Call) -> Plan:
         """A call without a step: a retry of an identical call whose answer is owed, or the
@@ -311,7 +342,8 @@ class Engine(Intents):
             )
         if seen is not None and seen.state in REPLAYABLE_STATES:
             return Plan(decision=await self._replay(seen, tool))
-        async with self.store.transaction(lock_key=session_lock_key(org_id, session_id)) as q:
+
+        async def decide_in(q: Queries) -> Plan:
             now = self._clock()
             session = await self._touch_session(q, call, 0, now)
             match = await q.find_unfinished_call(
@@ -332,6 +364,8 @@ class Engine(Intents):
             if plan.decision is not None or plan.error is None:
                 await q.update_session(org_id, session_id, now, last_step=step)
             return plan
+
+        return await self._decided(org_id, session_lock_key(org_id, session_id), decide_in)
 
     async def _decide_and_apply(
         self,

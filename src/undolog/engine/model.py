@@ -21,7 +21,7 @@ from undolog.store.records import (
     ToolRecord,
     UndoEntryRecord,
 )
-from undolog_sdk.errors import CompensationRegisteredTooLate
+from undolog_sdk.errors import CompensationRegisteredTooLate, Database
 from undolog_sdk.tier import ToolTier
 from undolog_sdk.wire import Outcome  # the three answers of intercept, shared with the SDK
 
@@ -30,6 +30,7 @@ __all__ = [
     "Actor",
     "Call",
     "Decision",
+    "IntentLost",
     "Outcome",
     "SessionView",
     "check_registered_before_executed",
@@ -144,3 +145,15 @@ def session_lock_key(org_id: str, session_id: str) -> str:
 
 def event_json(payload: dict[str, Any]) -> str:
     return orjson.dumps(payload).decode()
+
+
+class IntentLost(Database):
+    """The store's connection failed while a new run was being recorded: its intent may have
+    committed, and nothing was sent to the tool. The caller records the run as not run once
+    the store answers again (`services.held`), so that it is never left in doubt."""
+
+    def __init__(self, detail: str, org_id: str, effect_id: str, attempt: int) -> None:
+        super().__init__(detail)
+        self.org_id = org_id
+        self.effect_id = effect_id
+        self.attempt = attempt

@@ -20,7 +20,7 @@ import orjson
 
 from undolog.engine import Decision, Outcome
 from undolog.engine.approvals import DecisionResult
-from undolog.engine.model import ORG_WIDE, Actor
+from undolog.engine.model import ORG_WIDE, Actor, IntentLost
 from undolog.engine.states import REPLAYABLE_STATES
 from undolog.faults import crash_point
 from undolog.logs import LazyLog
@@ -184,6 +184,9 @@ async def _run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcom
                 actor=call.actor,
             ),
         )
+    except IntentLost as exc:  # never sent: recorded as not run once the store is back
+        await runtime.held.not_run(exc.org_id, exc.effect_id, exc.attempt, log)
+        return refused(exc, log)
     except UndoLogError as exc:
         return refused(exc, log)
     if decision.outcome is Outcome.REPLAY:

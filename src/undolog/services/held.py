@@ -14,6 +14,12 @@ the effect with it. Each settled result gets a `committed` line in the spool. A 
 starts reads its spool and settles what an earlier run left there (an effect already settled
 is left alone), then rewrites the spool with only what is still pending. Each process has a
 spool of its own: `--workers N` gives worker i the folder `worker-i` under `--spool-dir`.
+
+The same spool and loop settle the runs the proxy knows it never sent: when the connection to
+the store is lost while a new run's intent is being recorded (`IntentLost`), the intent may
+have committed, but the tool was never called. A `not_run` line is written, and once the store
+answers the effect is recorded `failed` (`NOT_RUN`), so the agent's retry runs it once instead
+of finding it in progress, then in doubt.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from undolog.engine.model import now_us
-from undolog_sdk.errors import UndoLogError
+from undolog_sdk.errors import NotFound, UndoLogError
 from undolog_sdk.wire import EffectState
 
 if TYPE_CHECKING:
@@ -36,12 +42,17 @@ if TYPE_CHECKING:
     from undolog.services.lease import LeaseKeeper
     from undolog.services.metrics import ProxyMetrics
 
-__all__ = ["SPOOL_FILE", "HeldResults", "spool_problem"]
+__all__ = ["NOT_RUN", "SPOOL_FILE", "HeldResults", "spool_problem"]
 
 SPOOL_FILE = "held-results.jsonl"
 _PROBE_FILE = ".undolog-spool-probe"
 _MAX_BACKOFF_S = 2.0
 _MAX_CONFLICTS = 5
+_PENDING = ("held", "not_run")
+NOT_RUN = (
+    "not run: the store's connection was lost while this call was being recorded, and it was "
+    "never sent to the tool; a retry runs it"
+)
 
 
 def _append_line(path: Path, line: bytes) -> None:
@@ -80,7 +91,7 @@ class _Held:
     org_id: str
     effect_id: str
     attempt: int
-    result_json: str
+    result_json: str | None  # None: the run was never sent to the tool (`not_run`)
     undoable: bool
 
 
@@ -98,7 +109,7 @@ def _pending(path: Path) -> tuple[list[dict[str, Any]], int]:
         except (orjson.JSONDecodeError, KeyError, TypeError):
             unreadable += 1
             continue
-        if record.get("status") == "held":
+        if record.get("status") in _PENDING:
             held[effect_id] = record
         else:
             held.pop(effect_id, None)
@@ -177,6 +188,17 @@ class HeldResults:
         self._keep_committing(held, log, outcome=EffectState.COMMITTED.value)
         return spooled
 
+    async def not_run(self, org_id: str, effect_id: str, attempt: int, log: Any) -> None:
+        """Record as `failed` (never sent: `NOT_RUN`) a run whose intent may have committed
+        while its answer was lost, once the store answers again; a retry then runs it."""
+        record = {"status": "not_run", "org_id": org_id, "effect_id": effect_id,
+                  "attempt": attempt, "held_us": now_us()}  # fmt: skip
+        if not await self.spool(record):
+            log.error("not_run_not_spooled", spool=str(self.path))
+        log.warning("intent_lost", effect_id=effect_id)
+        held = _Held(org_id, effect_id, attempt, None, False)
+        self._keep_committing(held, log, outcome="not_run")
+
     async def recover(self, log: Any) -> int:
         """Settle what an earlier run of this process left in its spool, in the background;
         the spool is rewritten with only those entries. The number of entries found."""
@@ -194,11 +216,15 @@ class HeldResults:
                 record["org_id"],
                 record["effect_id"],
                 int(record.get("attempt", 1)),
-                orjson.dumps(record.get("result")).decode(),
+                None
+                if record["status"] == "not_run"
+                else orjson.dumps(record.get("result")).decode(),
                 bool(record.get("undoable", True)),
             )
             bound = log.bind(org_id=held.org_id, effect_id=held.effect_id)
-            self._keep_committing(held, bound, outcome="recovered")
+            self._keep_committing(
+                held, bound, outcome="recovered" if held.result_json is not None else "not_run"
+            )
         if records:
             log.warning("spool_recovering", spool=str(self.path), results=len(records))
         return len(records)
@@ -242,14 +268,20 @@ class HeldResults:
             self.leases.release(key)
 
     async def _settle(self, held: _Held) -> bool:
-        """Record the held result: commit it while the run is the effect's, resolve it with it
-        if the lease ran out meanwhile (the proxy knows what the tool answered). False when the
-        effect was settled some other way. Raises a retryable `UndoLogError` while the store
-        is away."""
-        effect = await self.engine.get_effect(held.org_id, held.effect_id)
+        """Record the held result (or that the run never ran): while the run is the effect's
+        under its lease, commit (or fail) it; if the lease ran out meanwhile, resolve it so (the
+        proxy knows what happened). False when the effect was settled some other way, or never
+        recorded. Raises a retryable `UndoLogError` while the store is away."""
+        try:
+            effect = await self.engine.get_effect(held.org_id, held.effect_id)
+        except NotFound:
+            return False
         lease = effect.lease_expires_us
         orphan = lease is None or lease <= now_us()
         if effect.state == EffectState.EXECUTING and effect.attempts == held.attempt:
+            if held.result_json is None:
+                await self.engine.fail(held.org_id, held.effect_id, NOT_RUN)
+                return True
             if not orphan:
                 await self.engine.commit(
                     held.org_id, held.effect_id, held.result_json, undoable=held.undoable
@@ -260,8 +292,9 @@ class HeldResults:
         await self.engine.resolve(
             held.org_id,
             held.effect_id,
-            outcome=EffectState.COMMITTED.value,
+            outcome=(EffectState.COMMITTED.value if held.result_json is not None else "failed"),
             result_json=held.result_json,
+            error=NOT_RUN if held.result_json is None else None,
             by="undolog (held result)",
             undoable=held.undoable,
         )

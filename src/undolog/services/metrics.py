@@ -168,7 +168,8 @@ class ProxyMetrics:
             held_results=Counter(
                 "undolog_proxy_held_results_total",
                 "Results whose commit failed: held (spooled, retried in the background), "
-                "committed (later, by this run), recovered (from the spool, after a restart).",
+                "committed (later, by this run), recovered (from the spool, after a restart), "
+                "not_run (recorded while the store's connection was lost, never sent: failed).",
                 ["outcome"],
                 registry=r,
             ),
