@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 MAX_STEPS = 50_000  # steps of one call's rules, all together (see `Budget`)
-INLINE_STEPS = 5_000  # steps a match may take on the event loop before it moves to a thread
+INLINE_STEPS = 2_000  # steps a match may take on the event loop before it moves to a thread
 MAX_ITEMS = 1000  # items of one list a rule may look at (args' lists, split and addresses)
 MAX_STRING = 65_536  # characters of one string a rule may look at
 MAX_VALUE_DEPTH = 16  # nesting of the args' lists and objects a comparison walks
@@ -117,7 +117,7 @@ def text(value: Any, budget: Budget) -> str:
     """A string a rule looks at, within the cap."""
     if len(value) > MAX_STRING:
         raise EvalError(f"a string is longer than {MAX_STRING} characters")
-    budget.take(1 + len(value) // _CHARS_PER_STEP)
+    budget.take(len(value) // _CHARS_PER_STEP)  # the operation took its own step
     return str(value)
 
 
