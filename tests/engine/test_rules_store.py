@@ -64,3 +64,39 @@ async def test_a_denied_call_leaves_no_effect_and_a_rule_approval_is_recorded(
     assert (approval.status, approval.decided_by, approval.rule) == (
         "auto_approved", "rule:rest", "rest"
     )  # fmt: skip
+
+
+@pytest.mark.security
+async def test_a_deny_rule_that_cannot_be_decided_denies_through_intercept(
+    engine: Engine, org_id: str
+) -> None:
+    await engine.put_rules(
+        org_id,
+        [{"name": "prod-only", "tool": "*", "condition": '"prod" in tags', "action": "deny"}],
+        updated_by="key:admin",
+    )
+    session = str(uuid.uuid4())
+    for tags in (["x"] * 5000, ["PROD"], [["prod"]]):  # over the cap, case, another kind
+        with pytest.raises(PolicyDenied):
+            await engine.intercept(org_id, session, "delete_database", {"tags": tags}, step_index=1)
+    asked = await engine.intercept(
+        org_id, session, "delete_database", {"tags": ["x"]}, step_index=1
+    )
+    assert asked.outcome is Outcome.AWAITING_APPROVAL
+
+
+@pytest.mark.security
+async def test_a_match_past_the_inline_budget_runs_in_a_thread_with_the_same_answer(
+    engine: Engine, org_id: str
+) -> None:
+    # 40 terms over 1,000 items: past INLINE_STEPS, within MAX_STEPS; the last term matches.
+    condition = " or ".join(f'"t{n}" in tags' for n in range(40)) + ' or "hit" in tags'
+    await engine.put_rules(
+        org_id,
+        [{"name": "deep", "tool": "delete_database", "condition": condition, "action": "approve"}],
+        updated_by="key:admin",
+    )
+    tags = [f"tag-{n}" for n in range(999)] + ["hit"]
+    found = await engine.match_rules(org_id, "delete_database", {"tags": tags})
+    assert found.rule is not None and found.rule.name == "deep" and found.error is None
+    assert await engine.match_rule(org_id, "delete_database", {"tags": tags[:-1]}) is None

@@ -13,7 +13,9 @@ approved args.
 
 from __future__ import annotations
 
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -53,6 +55,15 @@ def upstream_calls(proxy: ProxyHarness, tool: str) -> list[dict[str, Any]]:
         calls: list[dict[str, Any]] = c.get("/calls", params={"org": proxy.org_id}).json()
     return [x for x in calls if x["tool"] == tool]
 
+
+# The documented rule (docs/approvals.md): mail with any recipient outside the company.
+OUTSIDE_MAIL = {
+    "name": "outside-mail",
+    "tool": "send_email",
+    "condition": 'not all(addresses(to, cc, bcc), domain(it) == "ourcompany.com")',
+    "action": "require",
+    "approvers": 2,
+}
 
 STAGING_DROPS = {
     "name": "staging-drops",
@@ -125,12 +136,7 @@ def test_the_first_matching_rule_wins_and_star_matches_every_tool(proxy: ProxyHa
 def test_a_require_rule_needs_two_distinct_approvers_and_never_the_requester(
     proxy: ProxyHarness,
 ) -> None:
-    set_rules(
-        proxy,
-        {"name": "outside-mail", "tool": "send_email",
-         "condition": 'not (to endswith "@ourcompany.com")', "action": "require",
-         "approvers": 2},
-    )  # fmt: skip
+    set_rules(proxy, OUTSIDE_MAIL)
     session = new_session()
     with (
         proxy.client(proxy.agent_key) as agent,
@@ -392,3 +398,127 @@ def test_the_dry_run_refuses_what_no_store_can_hold_and_bad_bodies(proxy: ProxyH
         ):
             refused = person.post("/policy/dry-run", json=body)
             assert (refused.status_code, code(refused)) == (400, "invalid_request"), body
+
+
+# --- rules that fail closed, at a bounded cost (issue 22) ------------------------------------
+
+
+def wide(ascii_text: str) -> str:
+    """The full-width (compatibility) form of ASCII text: NFKC maps it back."""
+    return "".join(chr(ord(ch) + 0xFEE0) for ch in ascii_text)
+
+
+@pytest.mark.security
+def test_the_outside_mail_rule_is_not_bypassed_by_a_recipient_list(proxy: ProxyHarness) -> None:
+    set_rules(proxy, OUTSIDE_MAIL)
+    bypasses: list[dict[str, Any]] = [
+        {"to": "attacker@evil.com, bob@ourcompany.com"},  # the reported bypass
+        {"to": "bob@ourcompany.com; attacker@EVIL.COM"},
+        {"to": '"bob@ourcompany.com" <attacker@evil.com>'},
+        {"to": "bob@\u043eurcompany.com"},  # a Cyrillic look-alike is another domain
+        {"to": "attacker@" + wide("evil") + ".com"},
+        {"to": "bob@ourcompany.com", "bcc": "attacker@evil.com"},
+        {"to": "attacker@evil.com(bob@ourcompany.com)"},  # unreadable: fails closed
+    ]
+    with proxy.client(proxy.agent_key) as agent, proxy.client(proxy.approver_key) as person:
+        for step, args in enumerate(bypasses, start=1):
+            body = {"tool_name": "send_email", "args": {**args, "subject": "s"}}
+            dry = person.post("/policy/dry-run", json=body).json()
+            assert (dry["decision"], dry["approvers"]) == ("approval", 2), args
+            assert dry["rule"]["name"] == "outside-mail", args
+            asked = call(agent, "send_email", new_session(), step, **args, subject="s")
+            assert asked.status_code == 202, (args, asked.text)
+        # Inside the company, in any case and with a display name, it runs at once.
+        inside = {"to": "Bob <bob@OurCompany.COM>, al@ourcompany.com", "subject": "s"}
+        dry = person.post("/policy/dry-run", json={"tool_name": "send_email", "args": inside})
+        assert (dry.json()["decision"], dry.json()["rule"]) == ("execute", None)
+        assert call(agent, "send_email", new_session(), 1, **inside).status_code == 200
+    assert [c["args"]["to"] for c in upstream_calls(proxy, "send_email")] == [inside["to"]]
+
+
+@pytest.mark.security
+def test_deny_rules_are_not_slipped_past_by_kinds_case_or_width(proxy: ProxyHarness) -> None:
+    set_rules(
+        proxy,
+        {"name": "big-transfers", "tool": "transfer_funds", "condition": "amount >= 10000",
+         "action": "deny"},
+        {"name": "prod-records", "tool": "create_record", "condition": 'tags == ["prod"]',
+         "action": "deny"},
+        {"name": "evil-mail", "tool": "send_email",
+         "condition": 'any(addresses(to, cc, bcc), domain(it) == "evil.com")', "action": "deny"},
+        {"name": "prod-env", "tool": "create_record", "condition": 'env == "prod"',
+         "action": "deny"},
+    )  # fmt: skip
+    denied: list[tuple[str, dict[str, Any], str]] = [
+        ("transfer_funds", {"amount": "50000", "to_account": "x"}, "big-transfers"),
+        ("transfer_funds", {"amount": "50,000", "to_account": "x"}, "big-transfers"),
+        ("transfer_funds", {"amount": [50000], "to_account": "x"}, "big-transfers"),
+        ("create_record", {"tags": ["prod"]}, "prod-records"),
+        ("create_record", {"tags": ["PROD"]}, "prod-records"),
+        ("send_email", {"to": "attacker@EVIL.com", "subject": "s"}, "evil-mail"),
+        ("send_email", {"to": "attacker@" + wide("evil") + ".com", "subject": "s"}, "evil-mail"),
+        ("send_email", {"to": "a@ourcompany.com,attacker@evil.com", "subject": "s"}, "evil-mail"),
+        ("create_record", {"env": wide("prod")}, "prod-env"),
+        ("create_record", {"env": "Prod"}, "prod-env"),
+    ]
+    with proxy.client(proxy.agent_key) as agent, proxy.client(proxy.approver_key) as person:
+        for step, (tool, args, rule) in enumerate(denied, start=1):
+            dry = person.post("/policy/dry-run", json={"tool_name": tool, "args": args}).json()
+            assert (dry["decision"], dry["rule"]["name"]) == ("deny", rule), (tool, args)
+            refused = call(agent, tool, new_session(), step, **args)
+            assert (refused.status_code, code(refused)) == (403, "policy_denied"), (tool, args)
+            assert refused.json()["rule"] == rule
+        # What the rules do not mean to stop still runs.
+        small = call(agent, "transfer_funds", new_session(), 1, amount=5, to_account="x")
+        assert small.status_code == 200, small.text
+        assert call(agent, "create_record", new_session(), 1, tags=["dev"]).status_code == 200
+    assert upstream_calls(proxy, "send_email") == []
+    assert [c["args"]["amount"] for c in upstream_calls(proxy, "transfer_funds")] == [5]
+    assert [c["args"] for c in upstream_calls(proxy, "create_record")] == [{"tags": ["dev"]}]
+
+
+@pytest.mark.security
+def test_rules_at_the_documented_limits_answer_fast_and_never_freeze_the_proxy(
+    proxy: ProxyHarness,
+) -> None:
+    """100 rules of 60 terms over ~780 KB of a list (it froze the proxy for ~9 minutes):
+    over the caps a rule fails closed at once; at the caps the step budget ends it, off the
+    event loop; `/health` answers meanwhile."""
+    condition = " or ".join(f'"prod-{n}" in tags' for n in range(60))
+    set_rules(
+        proxy,
+        *({"name": f"r{n}", "tool": "*", "condition": condition, "action": "require"}
+          for n in range(100)),
+    )  # fmt: skip
+    over_cap = [f"tag-{n:06d}" for n in range(60_000)]  # ~780 KB, 60,000 items
+    at_cap = ["t" * 770 + f"{n:05d}" for n in range(1000)]  # ~780 KB, 1,000 items
+
+    def heavy(step_and_tags: tuple[int, list[str]]) -> float:
+        step, tags = step_and_tags
+        with proxy.client(proxy.agent_key) as agent:
+            started = time.perf_counter()
+            asked = call(agent, "create_record", new_session(), step, tags=tags)
+            took = time.perf_counter() - started
+        assert asked.status_code == 202, asked.text  # failed closed: it waits for a person
+        return took
+
+    with ThreadPoolExecutor(max_workers=6) as pool, proxy.client() as probe:
+        calls = pool.map(heavy, [(n, over_cap if n % 2 else at_cap) for n in range(1, 7)])
+        pending = pool.submit(list, calls)
+        health: list[float] = []
+        while not pending.done() or not health:
+            started = time.perf_counter()
+            assert probe.get("/health").status_code == 200
+            health.append(time.perf_counter() - started)
+        answered = pending.result()
+    print(f"heavy calls: worst {max(answered):.3f} s; /health: worst {max(health):.3f} s "
+          f"over {len(health)} probes")  # fmt: skip
+    assert max(answered) < 10.0, answered  # each well under a second when run alone
+    assert max(health) < 2.5, max(health)
+    with proxy.client(proxy.approver_key) as person:
+        dry = person.post(
+            "/policy/dry-run", json={"tool_name": "create_record", "args": {"tags": at_cap}}
+        ).json()
+    assert (dry["decision"], dry["rule"]["name"]) == ("approval", "r0")
+    assert "steps" in dry["error"]
+    assert upstream_calls(proxy, "create_record") == []

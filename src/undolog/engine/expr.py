@@ -1,10 +1,13 @@
 """The policy rules' condition language: a tiny, bounded expression language over a call's args.
 
 A condition is parsed once (when rules are saved or loaded) into a tree of frozen nodes, then
-evaluated against each call's arguments. There is no `eval`, no attribute access, no function
-call and no loop: what an expression can cost is bounded by its size, and its size is bounded
-when it is parsed (`MAX_LENGTH` characters, `MAX_NODES` nodes, `MAX_DEPTH` nesting). The
-grammar and the semantics are documented in docs/approvals.md ("The condition language").
+evaluated against each call's arguments under a `Budget` of steps. There is no `eval`, no
+attribute access and no loop but `all`/`any` over a list a rule may look at: the size of a
+condition is bounded when it is parsed (`MAX_LENGTH` characters, `MAX_NODES` nodes,
+`MAX_DEPTH` nesting), the data it may look at when it is evaluated (`expr_ops.MAX_ITEMS`
+items of a list, `expr_ops.MAX_STRING` characters of a string), and what one call's rules
+may cost by `expr_ops.MAX_STEPS`. The grammar and the semantics are documented in
+docs/approvals.md ("The condition language").
 
     expr    := or
     or      := and ("or" and)*
@@ -12,12 +15,13 @@ grammar and the semantics are documented in docs/approvals.md ("The condition la
     not     := "not" not | compare
     compare := operand [op operand]
     op      := == | != | < | <= | > | >= | in | not in | startswith | endswith | contains
-    operand := literal | path | "(" expr ")" | "[" literal, ... "]"
-    path    := name ("." name | "[" integer | string "]")*
+    operand := literal | path | call | "(" expr ")" | "[" literal, ... "]"
+    call    := function "(" expr ("," expr)* ")"      (all/any: "(" list "," condition ")")
+    path    := name ("." name | "[" integer | string "]")*   (`it`: the item of all/any)
 
-A missing field is null. A comparison between values of different kinds (a number and a
-string, a missing field and a number) is false, never an error, so a condition over a field a
-call does not send simply does not match.
+A missing field is null. What cannot be decided honestly (values of different kinds, strings
+that differ only by case or Unicode form, data over the caps, the budget spent) raises
+`EvalError`, so a rule fails closed (`expr_ops`, `rules.first_match`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_LENGTH", "MAX_NODES", "Expr", "ExprError", "parse"]
+from undolog.engine.expr_ops import (
+    FUNCTIONS,
+    MAX_STEPS,
+    Budget,
+    EvalError,
+    compare,
+    items,
+    kind,
+    truth,
+)
+
+__all__ = ["MAX_DEPTH", "MAX_LENGTH", "MAX_NODES", "EvalError", "Expr", "ExprError", "parse"]
 
 MAX_LENGTH = 2000  # characters of one condition
 MAX_NODES = 200  # nodes of its tree: bounds what one evaluation costs
@@ -59,14 +74,21 @@ class Expr:
 
     source: str
     node: Any
-    run: Callable[[Any], Any] = field(compare=False, repr=False)
+    run: Callable[[Any, Any, Budget], Any] = field(compare=False, repr=False)
 
-    def holds(self, args: Any) -> bool:
-        return self.run(args) is True
+    def holds(self, args: Any, budget: Budget | None = None) -> bool:
+        """Whether the condition is true of these args, spending `budget` (a fresh one of
+        `MAX_STEPS` if None).
+
+        Raises:
+            EvalError: it cannot be decided (see `expr_ops`); the caller fails closed.
+        """
+        return truth(self.run(args, None, budget or Budget(MAX_STEPS)), "the condition")
 
 
-# Nodes: ("lit", value) ("path", (key, ...)) ("list", (value, ...)) ("not", node)
-# ("and" | "or", (node, ...)) ("cmp", op, left, right)
+# Nodes: ("lit", value) ("path", (key, ...)) ("item", (key, ...)) ("list", (value, ...))
+# ("not", node) ("and" | "or", (node, ...)) ("cmp", op, left, right) ("call", name, (node, ...))
+# ("all" | "any", list node, condition node)
 
 
 def _unquote(token: str, at: int) -> str:
@@ -116,6 +138,7 @@ class _Parser:
         self.i = 0
         self.nodes = 0
         self.depth = 0
+        self.quantifiers = 0  # all/any around the current point: `it` is their item
 
     def _peek(self) -> tuple[str, Any, int] | None:
         return self.tokens[self.i] if self.i < len(self.tokens) else None
@@ -211,6 +234,8 @@ class _Parser:
             return node
         if kind == "op" and text == "[":
             return self._list()
+        if kind == "name" and self._is("op", "("):
+            return self._call(text, at)
         if kind == "name":
             return self._path(text)
         raise ExprError(f"expected a value, a field or '(' at {at}, found {text!r}")
@@ -228,6 +253,34 @@ class _Parser:
                 raise ExprError(f"a list has more than {MAX_LIST} items")
         self.i += 1
         return self._node(("list", tuple(items)))
+
+    def _call(self, name: str, at: int) -> Any:
+        quantifier = name in ("all", "any")
+        if not quantifier and name not in FUNCTIONS:
+            raise ExprError(f"unknown function {name!r} at {at}")
+        self.i += 1  # "("
+        self._nested()
+        parts: list[Any] = []
+        while not self._is("op", ")"):
+            if parts:
+                self._expect("op", ",")
+            if quantifier and len(parts) == 1:
+                self.quantifiers += 1
+                parts.append(self._or())
+                self.quantifiers -= 1
+            else:
+                parts.append(self._or())
+        self.i += 1
+        self.depth -= 1
+        if quantifier:
+            if len(parts) != 2:
+                raise ExprError(f"{name}() at {at} takes a list and a condition over `it`")
+            return self._node((name, parts[0], parts[1]))
+        _, fewest, most = FUNCTIONS[name]
+        if not fewest <= len(parts) <= most:
+            counts = str(fewest) if fewest == most else f"{fewest} to {most}"
+            raise ExprError(f"{name}() at {at} takes {counts} arguments")
+        return self._node(("call", name, tuple(parts)))
 
     def _path(self, first: str) -> Any:
         keys: list[str | int] = [first]
@@ -249,6 +302,8 @@ class _Parser:
                 break
             if len(keys) > MAX_DEPTH:
                 raise ExprError(f"a field path is deeper than {MAX_DEPTH} levels")
+        if first == "it" and self.quantifiers:
+            return self._node(("item", tuple(keys[1:])))
         return self._node(("path", tuple(keys)))
 
 
@@ -264,8 +319,7 @@ def parse(source: str) -> Expr:
     return Expr(source, node, _compile(node))
 
 
-def _lookup(args: Any, keys: tuple[str | int, ...]) -> Any:
-    value = args
+def _lookup(value: Any, keys: tuple[str | int, ...]) -> Any:
     for key in keys:
         if isinstance(key, str) and isinstance(value, dict):
             value = value.get(key)
@@ -276,64 +330,73 @@ def _lookup(args: Any, keys: tuple[str | int, ...]) -> Any:
     return value
 
 
-def _kind(value: Any) -> str:
-    if value is None or isinstance(value, bool):
-        return type(value).__name__
-    if isinstance(value, (int, float)):
-        return "number"
-    return type(value).__name__
+Run = Callable[[Any, Any, Budget], Any]  # (args, the item of all/any, budget) -> value
 
 
-def _compare(op: str, left: Any, right: Any) -> bool:
-    if op in ("in", "not in"):
-        if not isinstance(right, (list, tuple, str)):
-            return False
-        if isinstance(right, str):
-            found = isinstance(left, str) and left in right
-        else:
-            found = any(_kind(left) == _kind(item) and left == item for item in right)
-        return found if op == "in" else not found
-    if op in ("startswith", "endswith", "contains"):
-        if not isinstance(left, str) or not isinstance(right, str):
-            return op == "contains" and isinstance(left, list) and right in left
-        if op == "startswith":
-            return left.startswith(right)
-        return left.endswith(right) if op == "endswith" else right in left
-    same = _kind(left) == _kind(right)
-    if op == "==":
-        return same and left == right
-    if op == "!=":
-        return not (same and left == right)
-    if not same or _kind(left) not in ("number", "str"):
-        return False
-    if op == "<":
-        return bool(left < right)
-    if op == "<=":
-        return bool(left <= right)
-    if op == ">":
-        return bool(left > right)
-    return bool(left >= right)
-
-
-def _compile(node: Any) -> Callable[[Any], Any]:
-    """The tree as nested closures, built once: evaluating one is a few calls per node."""
+def _compile(node: Any) -> Run:
+    """The tree as nested closures, built once: evaluating one is a few calls per node,
+    each node a step of the budget."""
     tag = node[0]
-    if tag in ("lit", "list"):
+    if tag == "lit":
         value = node[1]
-        return lambda args: value
-    if tag == "path":
+        return lambda args, it, budget: value
+    if tag == "list":
+        listed = list(node[1])  # a list literal is a list: `tags == ["prod"]` compares lists
+        return lambda args, it, budget: listed
+    if tag in ("path", "item"):
         keys = node[1]
-        if len(keys) == 1 and isinstance(keys[0], str):
-            key = keys[0]
-            return lambda args: args.get(key) if isinstance(args, dict) else None
-        return lambda args: _lookup(args, keys)
+        item = tag == "item"
+
+        def lookup(args: Any, it: Any, budget: Budget) -> Any:
+            budget.take()
+            return _lookup(it if item else args, keys)
+
+        return lookup
     if tag == "not":
         inner = _compile(node[1])
-        return lambda args: inner(args) is not True
+        return lambda args, it, budget: not truth(inner(args, it, budget), "the operand of not")
     if tag in ("and", "or"):
-        parts = tuple(_compile(part) for part in node[1])
-        if tag == "and":
-            return lambda args: all(part(args) is True for part in parts)
-        return lambda args: any(part(args) is True for part in parts)
+        return _logic(tag, tuple(_compile(part) for part in node[1]))
+    if tag in ("all", "any"):
+        return _quantifier(tag, _compile(node[1]), _compile(node[2]))
+    if tag == "call":
+        function = FUNCTIONS[node[1]][0]
+        parts = tuple(_compile(part) for part in node[2])
+        return lambda args, it, budget: function(budget, *(p(args, it, budget) for p in parts))
     op, left, right = node[1], _compile(node[2]), _compile(node[3])
-    return lambda args: _compare(op, left(args), right(args))
+    return lambda args, it, budget: compare(
+        op, left(args, it, budget), right(args, it, budget), budget
+    )
+
+
+def _logic(tag: str, parts: tuple[Run, ...]) -> Run:
+    what = f"an operand of {tag}"
+    if tag == "and":
+
+        def run_and(args: Any, it: Any, budget: Budget) -> bool:
+            budget.take()
+            return all(truth(part(args, it, budget), what) for part in parts)
+
+        return run_and
+
+    def run_or(args: Any, it: Any, budget: Budget) -> bool:
+        budget.take()
+        return any(truth(part(args, it, budget), what) for part in parts)
+
+    return run_or
+
+
+def _quantifier(tag: str, listed: Run, condition: Run) -> Run:
+    what = f"the condition of {tag}()"
+
+    def run(args: Any, it: Any, budget: Budget) -> bool:
+        budget.take()
+        values = listed(args, it, budget)
+        if values is None:
+            values = []
+        if not isinstance(values, list):
+            raise EvalError(f"{tag}() takes a list, not a {kind(values)}")
+        checks = (truth(condition(args, item, budget), what) for item in items(values))
+        return all(checks) if tag == "all" else any(checks)
+
+    return run

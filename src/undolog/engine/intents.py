@@ -7,6 +7,7 @@ rule:NAME`), so the audit trail shows who let it through (docs/approvals.md).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 from dataclasses import dataclass
@@ -16,8 +17,9 @@ import orjson
 
 from undolog.engine.decide import Action, decide
 from undolog.engine.effects import Effects
+from undolog.engine.expr_ops import INLINE_STEPS, Budget, Spill
 from undolog.engine.model import Call, event_json, new_id
-from undolog.engine.rules import Rule, first_match
+from undolog.engine.rules import Match, Rule, match
 from undolog.engine.states import ApprovalStatus, EffectState, SessionState, UndoState
 from undolog.store.protocol import Queries
 from undolog.store.records import ApprovalRecord, EffectRecord, ToolRecord, UndoEntryRecord
@@ -38,6 +40,7 @@ class DryRun:
     rule: Rule | None
     decision: str
     approvers: int
+    error: str | None = None  # a condition that could not be decided (its rule failed closed)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -73,22 +76,35 @@ class Intents(Effects):
         tier = ToolTier(tool.tier)
         if tier.is_safe:  # never recorded, so no rule applies
             return DryRun(tool, None, "execute", 0)
-        rule = await self.match_rule(org_id, tool_name, args)
+        found = await self.match_rules(org_id, tool_name, args)
+        rule = found.rule
         action = decide(
             tier=tier, existing=None, session_state=SessionState.ACTIVE, approval_status=None,
             now_us=self._clock(), idempotent_upstream=tool.idempotent_upstream,
             rule_action=rule.action.value if rule else None,
         )  # fmt: skip
         if action is Action.DENY_NEW:
-            return DryRun(tool, rule, "deny", 0)
+            return DryRun(tool, rule, "deny", 0, found.error)
         if action is Action.AWAIT_NEW:
-            return DryRun(tool, rule, "approval", rule.approvers if rule else 1)
-        return DryRun(tool, rule, "execute", 0)
+            return DryRun(tool, rule, "approval", rule.approvers if rule else 1, found.error)
+        return DryRun(tool, rule, "execute", 0, found.error)
 
     async def match_rule(self, org_id: str, tool_name: str, args: Any) -> Rule | None:
-        """The org's first policy rule that a call of this tool with these args hits."""
+        """The org's first policy rule that a call of this tool with these args hits (a
+        `deny` or `require` rule whose condition cannot be decided counts as hit)."""
+        return (await self.match_rules(org_id, tool_name, args)).rule
+
+    async def match_rules(self, org_id: str, tool_name: str, args: Any) -> Match:
+        """`match_rule` with the reason a rule failed closed. A match that takes more than
+        `INLINE_STEPS` runs again in a thread with the full budget, so no call's rules hold
+        the event loop for more than a few milliseconds."""
         rules = await self.get_rules(org_id)
-        return first_match(rules, tool_name, args) if rules else None
+        if not rules:
+            return Match(None)
+        try:
+            return match(rules, tool_name, args, Budget(INLINE_STEPS, spill=True))
+        except Spill:
+            return await asyncio.to_thread(match, rules, tool_name, args)
 
     async def _record_rule_approval(
         self, q: Queries, call: Call, effect: EffectRecord, rule: Rule, now: int

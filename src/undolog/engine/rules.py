@@ -7,6 +7,12 @@ call hits. The engine applies the match to a new call before it is recorded (see
 
 Semantics: the first rule whose tool matches (`*` is every tool) and whose condition holds
 wins; no match leaves the tool's tier to decide (an IRREVERSIBLE call needs a person).
+
+Errors fail closed: a condition that cannot be decided for a call (`expr_ops.EvalError`:
+kinds that do not compare, data over the caps, the call's step budget spent) makes a `deny`
+rule deny and a `require` rule require, as if it held; an `approve` rule that cannot be
+decided does not approve (the next rules are tried, then the tier decides). So an error
+never lets a call through that a rule meant to stop.
 """
 
 from __future__ import annotations
@@ -18,15 +24,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from undolog.engine.expr import Expr, ExprError, parse
+from undolog.engine.expr_ops import MAX_STEPS, Budget, EvalError
 from undolog.upstreams import check_tool_name
 
 __all__ = [
     "ALL_TOOLS",
     "MAX_APPROVERS",
     "MAX_RULES",
+    "Match",
     "Rule",
     "RuleAction",
     "first_match",
+    "match",
     "parse_rules",
     "rules_json",
 ]
@@ -118,9 +127,39 @@ def rules_json(rules: Sequence[Rule]) -> list[dict[str, Any]]:
     return [rule.to_dict() for rule in rules]
 
 
-def first_match(rules: Sequence[Rule], tool_name: str, args: Any) -> Rule | None:
-    """The first rule for this tool whose condition holds of these args (None: no rule)."""
+@dataclass(frozen=True, slots=True)
+class Match:
+    """The rule a call hits (None: no rule) and, if a condition could not be decided, why
+    (`rules[NAME]: ...`, the first such rule): the rule it names failed closed."""
+
+    rule: Rule | None
+    error: str | None = None
+
+
+def match(rules: Sequence[Rule], tool_name: str, args: Any, budget: Budget | None = None) -> Match:
+    """The first rule for this tool whose condition holds of these args, failing closed on
+    conditions that cannot be decided (see the module's docstring). All rules together
+    spend one `budget` (a fresh one of `MAX_STEPS` if None).
+
+    Raises:
+        Spill: only with a `Budget(spill=True)` that ran out (evaluate again in full).
+    """
+    budget = budget or Budget(MAX_STEPS)
+    error: str | None = None
     for rule in rules:
-        if rule.tool in (ALL_TOOLS, tool_name) and rule.condition.holds(args):
-            return rule
-    return None
+        if rule.tool not in (ALL_TOOLS, tool_name):
+            continue
+        try:
+            if rule.condition.holds(args, budget):
+                return Match(rule, error)
+        except EvalError as exc:
+            error = error or f"rules[{rule.name}]: {exc}"
+            if rule.action is not RuleAction.APPROVE:
+                return Match(rule, error)
+    return Match(None, error)
+
+
+def first_match(rules: Sequence[Rule], tool_name: str, args: Any) -> Rule | None:
+    """The first rule for this tool whose condition holds of these args (None: no rule);
+    a `deny` or `require` rule whose condition cannot be decided counts as holding."""
+    return match(rules, tool_name, args).rule

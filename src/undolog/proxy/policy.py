@@ -81,5 +81,6 @@ async def dry_run(request: Request) -> Response:
             "rule": found.rule.to_dict() if found.rule else None,
             "decision": found.decision,
             "approvers": found.approvers,
+            "error": found.error,
         }
     )

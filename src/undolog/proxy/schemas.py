@@ -349,6 +349,7 @@ class DryRunAnswer(BaseModel):
     rule: PolicyRule | None
     decision: Literal["execute", "approval", "deny"]
     approvers: int
+    error: str | None = None  # a condition that could not be decided: its rule failed closed
 
 
 class SessionView(Session):
