@@ -7,7 +7,16 @@ import abc
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from undolog.store._sql.rows import AUDIT_HEAD, EVENT, KEY, ORG, OWNED_BY_SESSION, POLICY, SESSION, TOOL
+from undolog.store._sql.rows import (
+    AUDIT_HEAD,
+    EVENT,
+    KEY,
+    ORG,
+    OWNED_BY_SESSION,
+    POLICY,
+    SESSION,
+    TOOL,
+)
 from undolog.store.records import (
     SESSION_TOUCH_US,
     AuditHeadRecord,
@@ -338,9 +347,7 @@ class AccountSql(abc.ABC):
         return AUDIT_HEAD.row(row) if row else None
 
     async def last_audit_seq(self, org_id: str) -> int:
-        row = await self._fetchrow(
-            "SELECT last_seq FROM audit_sequences WHERE org_id = ?", org_id
-        )
+        row = await self._fetchrow("SELECT last_seq FROM audit_sequences WHERE org_id = ?", org_id)
         return int(row[0]) if row else 0
 
     async def list_audit_events(
