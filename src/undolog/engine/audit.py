@@ -234,6 +234,9 @@ async def _rebuild(
     while True:
         page = await q.list_audit_events(org_id, after, last, _PAGE)
         for seq, event in page:
+            if seq <= n:
+                check.fail(f"event number {seq} is given to two events", seq)
+                continue
             if seq != n + 1:
                 check.gap(n + 1, seq)
             n = seq

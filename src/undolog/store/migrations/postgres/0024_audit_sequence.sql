@@ -19,7 +19,7 @@ WHERE e.event_id = r.event_id;
 INSERT INTO audit_sequences (org_id, last_seq)
 SELECT org_id, MAX(audit_seq) FROM events GROUP BY org_id;
 
-CREATE INDEX events_by_audit_seq ON events (org_id, audit_seq);
+CREATE UNIQUE INDEX events_by_audit_seq ON events (org_id, audit_seq);
 
 -- The number is taken at COMMIT (a deferred constraint trigger), not when the row is
 -- inserted: the org's counter row stays locked only while the transaction commits, after

@@ -18,7 +18,7 @@ UPDATE events SET audit_seq = (
 INSERT INTO audit_sequences (org_id, last_seq)
 SELECT org_id, MAX(audit_seq) FROM events GROUP BY org_id;
 
-CREATE INDEX events_by_audit_seq ON events (org_id, audit_seq);
+CREATE UNIQUE INDEX events_by_audit_seq ON events (org_id, audit_seq);
 
 -- SQLite has one writer: the number is taken as the row is written.
 CREATE TRIGGER events_audit_seq AFTER INSERT ON events
