@@ -154,7 +154,7 @@ def test_serve_with_a_config_file_serves_its_orgs_and_tools(
     tmp_path: Path, servers: list[ProcessServer]
 ) -> None:
     tools_port = free_port()
-    tools_command = undolog_command("demo-tools", "--port", str(tools_port))
+    tools_command = undolog_command("demo-tools", "--port", str(tools_port), "--inspect")
     secret = {"UNDOLOG_DEMO_TOOLS_SECRET": "shared-" + uuid.uuid4().hex}
     tools = start(servers, ProcessServer(tools_command, {**clean_env(), **secret}, tools_port))
     api_key = "ul_cli_" + uuid.uuid4().hex
@@ -253,6 +253,8 @@ def test_demo_tools_serves_the_demo_tool_server(servers: list[ProcessServer]) ->
     assert httpx.get(f"{server.url}/health", timeout=10).json() == {"status": "ok"}
     answer = httpx.post(f"{server.url}/tools/echo", json={"args": {"x": 1}}, timeout=10)
     assert answer.json() == {"success": True, "output": {"x": 1}, "error": None}
+    # Without --inspect the unauthenticated inspection routes are not served (issue 22).
+    assert httpx.get(f"{server.url}/calls", timeout=10).status_code == 404
     server.stop()
     wait_until(lambda: server.proc is not None and server.proc.poll() is not None)
 
@@ -298,7 +300,7 @@ def test_serve_demo_prints_an_approver_key_and_revokes_the_previous_demo_keys(
 
 def test_demo_tools_with_a_secret_refuses_unsigned_calls(servers: list[ProcessServer]) -> None:
     port = free_port()
-    command = undolog_command("demo-tools", "--port", str(port), "--secret", "s3")
+    command = undolog_command("demo-tools", "--port", str(port), "--secret", "s3", "--inspect")
     server = start(servers, ProcessServer(command, {}, port))
     unsigned = httpx.post(f"{server.url}/tools/echo", json={"args": {"x": 1}}, timeout=10)
     assert unsigned.status_code == 401

@@ -84,7 +84,7 @@ def demo_stack(store_url: str) -> Iterator[tuple[str, str, str]]:
 
     key = "ul_test_" + secrets.token_urlsafe(18)
     org = OrgConfig(org_id=f"org-{secrets.token_hex(6)}", keys=role_keys(key))
-    upstream = ThreadServer(create_demo_tools_app()).start()
+    upstream = ThreadServer(create_demo_tools_app(inspect=True)).start()
     proxy = ThreadServer(create_app(make_settings(store_url, upstream.url, (org,)))).start()
     try:
         yield proxy.url, key, upstream.url

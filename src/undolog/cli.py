@@ -223,7 +223,10 @@ async def _serve(
             typer.echo(f"error: cannot start: {exc}", err=True)
             raise typer.Exit(1) from None
         tasks.append(
-            asyncio.create_task(run_demo_tools(DEFAULT_HOST, demo_tools_port, secret=demo_secret))
+            # The demo's own tool server: its inspection routes are part of the demo.
+            asyncio.create_task(
+                run_demo_tools(DEFAULT_HOST, demo_tools_port, secret=demo_secret, inspect=True)
+            )
         )
     try:
         if workers > 1:
@@ -317,11 +320,19 @@ def demo_tools(
         help="Upstream secret: answer 401 to calls whose X-UndoLog-Signature does not verify "
         "(env UNDOLOG_DEMO_TOOLS_SECRET; default: trust X-UndoLog-Org as sent)",
     ),
+    inspect: bool = typer.Option(
+        False,
+        "--inspect",
+        envvar="UNDOLOG_DEMO_TOOLS_INSPECT",
+        help="Also serve the unauthenticated inspection routes (/counters, /state, /calls, "
+        "PUT /balances, POST /reset) that show and change every org's state "
+        "(env UNDOLOG_DEMO_TOOLS_INSPECT; default: off)",
+    ),
 ) -> None:
     """Run the demo tool server (the upstream of the demo and the tests)."""
     from undolog.demo.tools import run_demo_tools
 
-    _run(run_demo_tools(host, port, secret=secret))
+    _run(run_demo_tools(host, port, secret=secret, inspect=inspect))
 
 
 @app.command("mcp-stdio")

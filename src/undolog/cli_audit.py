@@ -1,10 +1,12 @@
 """`undolog audit export|verify|head`: the org's hash-chained audit file (docs/audit.md).
 
 `export` reads the database straight (like `migrate` and `keys`: an operator with the
-database URL, no API key and no running proxy needed) and writes one JSON line per event of
-the org; `verify` needs only the file. Exit codes: 0 done / the file verifies, 1 the file
-does not verify (the line and the reason are printed) or the history no longer matches the
-stored head, 2 bad usage.
+database URL, no API key and no running proxy needed), rebuilds the org's chain from its start,
+writes one JSON line per new record, prints the new head as an anchor `n:hash` and may append
+it to an operator-kept `--anchor-file`. `verify` checks files (from the genesis, or `--prev`),
+or with `--org` and no file the database's chain, against `--head` and `--anchor-file`. Exit
+codes: 0 done / it verifies, 1 it does not (the line or record and the reason are printed: an
+edit, a gap in the event sequence, an anchor or the stored head no longer matched), 2 bad usage.
 """
 
 from __future__ import annotations
@@ -25,6 +27,22 @@ audit_app = typer.Typer(add_completion=False, help="Export and verify the hash-c
 _DB = typer.Option(None, "--database-url", help="(env UNDOLOG_DATABASE_URL)")
 _CONFIG = typer.Option(None, "--config", help="TOML config file (env UNDOLOG_CONFIG)")
 _ORG = typer.Option(..., "--org", help="The org whose records to export")
+_ANCHOR_FILE_HELP = (
+    "A file of anchors `org n:hash time`, kept where the database's writers cannot change it"
+)
+
+
+def _anchors(path: Path | None, org: str) -> list[Any]:
+    """The org's anchors in `path` (none when no file is given; a missing file is empty)."""
+    from undolog.engine.audit import anchors_of
+
+    if path is None or not path.exists():
+        return []
+    try:
+        return anchors_of(path.read_text(encoding="utf-8").splitlines(), org)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        typer.echo(f"error: --anchor-file {path}: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _since_us(since: str | None) -> int | None:
@@ -46,24 +64,35 @@ def audit_export(
     since: str = typer.Option(
         None,
         "--since",
-        help="Rebuild the chain from its start and write the records from this ISO 8601 time "
-        "on (default: the records after the last export, chained on its head)",
+        help="Write the records from this ISO 8601 time on (default: the records after the "
+        "last export, chained on its head)",
     ),
     output: Path = typer.Option(None, "--output", "-o", help="The file (default: stdout)"),
+    anchor_file: Path = typer.Option(
+        None,
+        "--anchor-file",
+        help=f"{_ANCHOR_FILE_HELP}: the chain must match the org's anchors in it, and the new "
+        "head is appended",
+    ),
     database_url: str = _DB,
     config: str = _CONFIG,
 ) -> None:
-    """Write the org's audit records as hash-chained JSON Lines; print and store the head."""
-    from undolog.engine.audit import export_org
+    """Write the org's audit records as hash-chained JSON Lines; print and store the head.
+
+    The whole chain is rebuilt and checked first (gaps, the stored head, the anchors)."""
+    from undolog.engine.audit import anchor_line, export_org
     from undolog.engine.model import now_us
 
     since_us = _since_us(since)
+    anchors = _anchors(anchor_file, org)
     out = output.open("w", encoding="utf-8") if output else sys.stdout
     try:
         result = on_store(
             database_url,
             config,
-            lambda store: export_org(store, org, out.write, since_us=since_us, now_us=now_us()),
+            lambda store: export_org(
+                store, org, out.write, since_us=since_us, now_us=now_us(), anchors=anchors
+            ),
         )
     finally:
         if output:
@@ -72,46 +101,132 @@ def audit_export(
     print(f"wrote {result.written} records of org {org} ({result.count} in the chain)", file=report)
     print(f"chained on: {result.prev}", file=report)
     print(f"head: {result.head}", file=report)
-    if result.diverged_at is not None:
-        print(
-            f"error: record {result.diverged_at} no longer matches the stored head: the history "
-            "changed after it was exported; the head was not moved",
-            file=sys.stderr,
-        )
+    if result.problem is not None:
+        print(f"error: {result.problem}; the head was not moved", file=sys.stderr)
         raise typer.Exit(1)
+    if result.anchor is not None:
+        # Keep it outside the database: a later export or verify checks the chain against it.
+        print(f"anchor: {result.anchor}", file=report)
+        if anchor_file is not None:
+            try:
+                with anchor_file.open("a", encoding="utf-8") as kept:
+                    kept.write(anchor_line(org, result.anchor, now_us()))
+            except OSError as exc:
+                typer.echo(f"error: cannot append to {anchor_file}: {exc}", err=True)
+                raise typer.Exit(1) from None
 
 
 @audit_app.command("verify")
 def audit_verify(
-    file: Path = typer.Argument(..., help="A file written by `undolog audit export`"),
+    files: list[Path] = typer.Argument(
+        None, help="Files written by `undolog audit export`, in order (one chain)"
+    ),
     head: str = typer.Option(
         None,
         "--head",
-        help="The head the export printed (or `audit head` shows): the last "
-        "record must have it, so lines cut off the end are found",
+        help="N:HASH (the `anchor:` an export printed): record N must have that hash; or a "
+        "bare HASH the last record must have",
     ),
     prev: str = typer.Option(
         None,
         "--prev",
-        help="The hash the file chains on (`chained on:` of its export); default: the genesis",
+        help="The hash the first file chains on (`chained on:` of its export); default: the "
+        "genesis",
     ),
+    anchor_file: Path = typer.Option(None, "--anchor-file", help=_ANCHOR_FILE_HELP),
+    org: str = typer.Option(
+        None,
+        "--org",
+        help="Whose anchors to use; with no file, verify this org's chain in the database",
+    ),
+    database_url: str = _DB,
+    config: str = _CONFIG,
 ) -> None:
-    """Check every record's hash and link; name the first line that was changed."""
+    """Check every record's hash and link from the start; name the first thing changed."""
+    from undolog.engine.audit import Anchor
+
+    anchors: list[Anchor] = []
+    bare_head: str | None = None
+    if head is not None:
+        try:
+            anchors.append(Anchor.parse(head) if ":" in head else Anchor(0, head))
+        except ValueError as exc:
+            typer.echo(f"error: --head: {exc}", err=True)
+            raise typer.Exit(2) from None
+        if anchors[-1].n == 0:
+            bare_head = anchors.pop().head
+    if not files:
+        if org is None:
+            typer.echo("error: give the files to verify, or --org to verify the database", err=True)
+            raise typer.Exit(2)
+        if bare_head is not None:
+            typer.echo("error: --head: give N:HASH to check the database", err=True)
+            raise typer.Exit(2)
+        _verify_database(org, anchors + _anchors(anchor_file, org), database_url, config)
+        return
+    _verify_files(files, prev, bare_head, anchors, anchor_file, org)
+
+
+def _verify_files(
+    files: list[Path],
+    prev: str | None,
+    head: str | None,
+    anchors: list[Any],
+    anchor_file: Path | None,
+    org: str | None,
+) -> None:
     from undolog.engine.audit import verify_lines
 
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        typer.echo(f"error: cannot read {file}: {exc}", err=True)
-        raise typer.Exit(2) from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the newline that ends the last record
-    verdict = verify_lines(lines, prev=prev, head=head)
+    lines: list[str] = []
+    starts: list[tuple[int, Path]] = []  # (first line, file): to name the file of a line
+    for file in files:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            typer.echo(f"error: cannot read {file}: {exc}", err=True)
+            raise typer.Exit(2) from None
+        part = text.split("\n")
+        if part and part[-1] == "":
+            part.pop()  # the newline that ends the last record
+        starts.append((len(lines) + 1, file))
+        lines += part
+    if anchor_file is not None:
+        owner = org or _org_of(lines)
+        anchors = anchors + (_anchors(anchor_file, owner) if owner else [])
+    verdict = verify_lines(lines, prev=prev, head=head, anchors=anchors)
+    name = " + ".join(str(f) for f in files)
     if not verdict.ok:
-        typer.echo(f"{file}: line {verdict.line}: {verdict.reason}", err=True)
+        line = verdict.line or 0
+        first, file = next(((f, p) for f, p in reversed(starts) if f <= line), starts[0])
+        where = f"{file}: line {line - first + 1}" if len(files) > 1 else f"{file}: line {line}"
+        typer.echo(f"{where}: {verdict.reason}", err=True)
         raise typer.Exit(1)
-    typer.echo(f"{file}: OK, {verdict.records} records, head {verdict.head}")
+    typer.echo(f"{name}: OK, {verdict.records} records, head {verdict.head}")
+
+
+def _org_of(lines: list[str]) -> str | None:
+    import orjson
+
+    for line in lines:
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return None
+        if isinstance(record, dict) and isinstance(record.get("org_id"), str):
+            return str(record["org_id"])
+    return None
+
+
+def _verify_database(
+    org: str, anchors: list[Any], database_url: str | None, config: str | None
+) -> None:
+    from undolog.engine.audit import verify_org
+
+    check = on_store(database_url, config, lambda store: verify_org(store, org, anchors))
+    if not check.ok:
+        typer.echo(f"org {org}: record {check.at}: {check.problem}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"org {org}: OK, {check.count} records, head {check.anchor or '-'}")
 
 
 @audit_app.command("head")

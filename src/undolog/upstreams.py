@@ -5,55 +5,50 @@ Where a tool call goes is operator configuration, never tenant input: the config
 addresses the proxy will ever send a tool call to, and an org may use an upstream only if the
 upstream lists it (or lists no orgs at all). `PUT /tools/{name}` picks an upstream by name.
 
-Every call to an upstream carries the org in `X-UndoLog-Org`, with `X-UndoLog-Timestamp` and
-`X-UndoLog-Signature`: an HMAC-SHA256, under the upstream's secret, of
-
-    "v1\\n{org}\\n{effect_id}\\n{timestamp}"
-
-(UTF-8; `timestamp` in whole Unix seconds; the header value is `v1=` and the hex digest). A
-tool server shared by several orgs verifies it with `verify_upstream_signature` and keeps each
-org's data apart; a request it cannot verify did not come from this proxy. An upstream with no
-configured secret gets one generated per process (logged as a warning): the calls are still
-signed, but no tool server can verify them until the operator configures the secret on both sides.
+Every call to an upstream is signed for its org (`signed_headers`, from
+`undolog_sdk.upstream`): an HMAC-SHA256, under the upstream's secret, over the method, the
+path, the tool, a BLAKE3 digest of the body sent, the org, the effect id and the time, sent as
+`X-UndoLog-Signature: v2=...` beside `X-UndoLog-Org`, `-Tool`, `-Effect-Id` and `-Timestamp`.
+A tool server verifies it with `undolog_sdk.upstream.verify_request` (docs/upstreams.md). An
+upstream with no configured secret gets one generated per process (logged as a warning): the
+calls are still signed, but no tool server can verify them until the operator configures the
+secret on both sides.
 """
 
 from __future__ import annotations
 
-import hmac
 import re
 import secrets
-import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit
 
+from undolog_sdk.upstream import (
+    EFFECT_HEADER,
+    ORG_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    TOOL_HEADER,
+    signed_headers,
+)
+
 __all__ = [
     "DEFAULT_UPSTREAM",
-    "MAX_SIGNATURE_AGE_SECONDS",
+    "EFFECT_HEADER",
     "ORG_HEADER",
     "SIGNATURE_HEADER",
     "TIMESTAMP_HEADER",
+    "TOOL_HEADER",
     "Upstream",
     "UpstreamRegistry",
     "check_tool_name",
     "check_upstream_url",
-    "sign_upstream_request",
     "signed_headers",
     "tool_url",
-    "verify_upstream_signature",
 ]
 
 DEFAULT_UPSTREAM = "default"
 """The name of the upstream set by `--upstream-url` (`UNDOLOG_UPSTREAM_URL`)."""
-
-ORG_HEADER = "X-UndoLog-Org"
-TIMESTAMP_HEADER = "X-UndoLog-Timestamp"
-SIGNATURE_HEADER = "X-UndoLog-Signature"
-
-MAX_SIGNATURE_AGE_SECONDS = 300
-"""How far a signed timestamp may be from the verifier's clock (either way) and still count."""
-
-_SIGNATURE_VERSION = "v1"
 
 TOOL_NAME_MAX = 128
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -189,70 +184,3 @@ class UpstreamRegistry:
     def usable_by(self, org_id: str) -> list[str]:
         """The names `org_id` may pick, sorted (for error messages)."""
         return sorted(n for n, u in self._by_name.items() if u.allows(org_id))
-
-
-def _message(org_id: str, effect_id: str, timestamp: str) -> bytes:
-    return f"{_SIGNATURE_VERSION}\n{org_id}\n{effect_id}\n{timestamp}".encode()
-
-
-def sign_upstream_request(secret: str, org_id: str, effect_id: str, timestamp: str) -> str:
-    """The `X-UndoLog-Signature` value: `v1=` + hex HMAC-SHA256 of the v1 message."""
-    # hmac.digest: the one-shot form, the same HMAC without building an `hmac.HMAC` object.
-    digest = hmac.digest(secret.encode(), _message(org_id, effect_id, timestamp), "sha256")
-    return f"{_SIGNATURE_VERSION}={digest.hex()}"
-
-
-def signed_headers(
-    secret: str, org_id: str, effect_id: str, *, now: float | None = None
-) -> dict[str, str]:
-    """The three tenant headers of one call to an upstream."""
-    timestamp = str(int(time.time() if now is None else now))
-    return {
-        ORG_HEADER: org_id,
-        TIMESTAMP_HEADER: timestamp,
-        SIGNATURE_HEADER: sign_upstream_request(secret, org_id, effect_id, timestamp),
-    }
-
-
-def verify_upstream_signature(
-    secret: str,
-    headers: Mapping[str, str],
-    effect_id: str,
-    *,
-    now: float | None = None,
-    max_age_seconds: float = MAX_SIGNATURE_AGE_SECONDS,
-) -> str | None:
-    """For tool servers: the org a request from UndoLog was signed for, or None if forged.
-
-    Args:
-        secret: the secret shared with the proxy's upstream configuration.
-        headers: the request's headers (any mapping; case-insensitive ones such as Starlette's
-            or the lower-cased keys of a WSGI/ASGI scope both work).
-        effect_id: the `effect_id` of the request's JSON body (what the signature covers).
-        now: the verifier's clock, Unix seconds (default: the current time).
-        max_age_seconds: how far the timestamp may be from `now`, either way.
-
-    Returns:
-        The verified org id, or None when a header is missing, the timestamp is out of the
-        window or malformed, or the signature does not match.
-    """
-
-    def header(name: str) -> str | None:
-        return headers.get(name) or headers.get(name.lower())
-
-    org_id, timestamp, signature = (
-        header(ORG_HEADER),
-        header(TIMESTAMP_HEADER),
-        header(SIGNATURE_HEADER),
-    )
-    if not org_id or not timestamp or not signature:
-        return None
-    if not (timestamp.isascii() and timestamp.isdigit()):
-        return None
-    current = time.time() if now is None else now
-    if abs(current - int(timestamp)) > max_age_seconds:
-        return None
-    expected = sign_upstream_request(secret, org_id, effect_id, timestamp)
-    if not hmac.compare_digest(expected.encode(), signature.encode()):
-        return None
-    return org_id

@@ -20,7 +20,7 @@ from undolog.demo.tools import (
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[httpx.Client, DemoToolState]]:
-    app = create_demo_tools_app()
+    app = create_demo_tools_app(inspect=True)
     with serve_in_thread(app) as running, httpx.Client(base_url=running.url, timeout=10) as client:
         yield client, app.state.demo
 
@@ -403,3 +403,29 @@ async def test_run_demo_tools_serves_the_app_until_cancelled() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+INSPECTION = [
+    ("GET", "/counters"),
+    ("GET", "/counters/echo"),
+    ("GET", "/executions/echo"),
+    ("GET", "/calls"),
+    ("GET", "/state"),
+    ("PUT", "/balances/acme-main"),
+    ("POST", "/reset"),
+]
+
+
+@pytest.mark.security
+async def test_the_inspection_routes_are_off_unless_asked_for() -> None:
+    # Issue 22: they show and change every org's state without authentication.
+    for inspect, expected in ((False, {404}), (True, {200})):
+        app = create_demo_tools_app(inspect=inspect)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://demo") as http:
+            sent = await http.post("/tools/echo", json={"args": {"x": 1}})
+            assert sent.status_code == 200
+            for method, path in INSPECTION:
+                answer = await http.request(method, path, json={"balance": 5})
+                assert {answer.status_code} == expected, (inspect, method, path)
+            assert (await http.get("/health")).status_code == 200

@@ -108,7 +108,7 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture
 def demo_upstream() -> Iterator[ThreadServer]:
-    server = ThreadServer(create_demo_tools_app()).start()
+    server = ThreadServer(create_demo_tools_app(inspect=True)).start()
     try:
         yield server
     finally:

@@ -223,3 +223,141 @@ def test_an_unknown_org_is_refused(proxy: ProxyHarness, tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 1
     assert "not_found" in done.stderr
+
+
+# --- issue 22: an anchor outside the database, gaps, and re-checking from the start ---------
+
+
+def _sql(proxy: ProxyHarness, sql: str, *args: Any) -> None:
+    async def run(q: Any) -> None:
+        await q._execute(sql, *args)
+
+    on_store(proxy, run, write=True)
+
+
+def _event_ids(proxy: ProxyHarness) -> list[int]:
+    found = on_store(proxy, lambda q: q.list_events(proxy.org_id), write=False)
+    return [e.event_id for e in found]
+
+
+def _rewrite_approval(proxy: ProxyHarness) -> None:
+    """A database writer changes who approved the irreversible call."""
+
+    async def rewrite(q: Any) -> None:
+        [event] = [e for e in await q.list_events(proxy.org_id) if e.type == "approval_approved"]
+        changed = orjson.loads(event.payload_json) | {"decided_by": "key:nobody"}
+        await q._execute(
+            "UPDATE events SET payload = ? WHERE event_id = ?",
+            orjson.dumps(changed).decode(),
+            event.event_id,
+        )
+
+    on_store(proxy, rewrite, write=True)
+
+
+@pytest.mark.security
+def test_a_history_rewritten_after_the_head_row_is_deleted_fails_against_the_kept_anchor(
+    proxy: ProxyHarness, tmp_path: Path
+) -> None:
+    activity(proxy)
+    anchors = tmp_path / "anchors.txt"
+    summary = export(proxy, tmp_path / "audit.jsonl", "--anchor-file", str(anchors))
+    [kept] = anchors.read_text().splitlines()
+    assert kept.split()[:2] == [proxy.org_id, summary["anchor"]]
+    assert summary["anchor"] == f"{len(records(tmp_path / 'audit.jsonl'))}:{summary['head']}"
+
+    _rewrite_approval(proxy)
+    _sql(proxy, "DELETE FROM audit_heads WHERE org_id = ?", proxy.org_id)
+    # What was measured: a fresh export of the rewritten history verifies on its own...
+    forged = tmp_path / "forged.jsonl"
+    export(proxy, forged)
+    assert verify(forged).returncode == 0
+    # ...but not against the anchor the operator kept, nor does the database.
+    for checked in (
+        verify(forged, "--anchor-file", str(anchors)),
+        verify(forged, "--head", summary["anchor"]),
+        audit("verify", "--org", proxy.org_id, "--database-url", proxy.database_url,
+              "--anchor-file", str(anchors)),
+    ):  # fmt: skip
+        assert checked.returncode == 1, checked.stdout
+        assert "does not match the anchor" in checked.stderr or "no longer matches" in (
+            checked.stderr
+        )
+    again = audit(
+        "export", "--org", proxy.org_id, "--database-url", proxy.database_url,
+        "--output", str(tmp_path / "again.jsonl"), "--anchor-file", str(anchors),
+    )  # fmt: skip
+    assert again.returncode == 1
+    assert f"no longer matches the anchor {summary['anchor']}" in again.stderr
+    assert len(anchors.read_text().splitlines()) == 1  # nothing appended
+
+
+@pytest.mark.security
+def test_an_event_deleted_before_any_export_is_a_gap_with_its_range(
+    proxy: ProxyHarness, tmp_path: Path
+) -> None:
+    activity(proxy)
+    ids = _event_ids(proxy)
+    middle = ids[4]
+    _sql(proxy, "DELETE FROM events WHERE event_id IN (?, ?)", middle, ids[5])
+    caught = audit(
+        "export", "--org", proxy.org_id, "--database-url", proxy.database_url,
+        "--output", str(tmp_path / "audit.jsonl"),
+    )  # fmt: skip
+    assert caught.returncode == 1
+    assert "events 5..6 are missing from the database" in caught.stderr
+    checked = audit("verify", "--org", proxy.org_id, "--database-url", proxy.database_url)
+    assert checked.returncode == 1
+    assert "record 5: events 5..6 are missing" in checked.stderr
+
+
+@pytest.mark.security
+def test_an_event_deleted_off_the_end_is_found_against_the_counter(proxy: ProxyHarness) -> None:
+    activity(proxy)
+    ids = _event_ids(proxy)
+    _sql(proxy, "DELETE FROM events WHERE event_id = ?", ids[-1])
+    checked = audit("verify", "--org", proxy.org_id, "--database-url", proxy.database_url)
+    assert checked.returncode == 1
+    assert f"events {len(ids)} are missing" in checked.stderr
+
+
+@pytest.mark.security
+def test_an_incremental_export_rechecks_rows_already_exported(
+    proxy: ProxyHarness, tmp_path: Path
+) -> None:
+    activity(proxy)
+    export(proxy, tmp_path / "first.jsonl")
+    with proxy.client(proxy.agent_key) as agent:
+        call(agent, new_session(), "send_email", EMAIL, 1)
+    _rewrite_approval(proxy)  # a row the first export already wrote
+    caught = audit(
+        "export", "--org", proxy.org_id, "--database-url", proxy.database_url,
+        "--output", str(tmp_path / "second.jsonl"),
+    )  # fmt: skip
+    assert caught.returncode == 1
+    assert "no longer matches the stored head" in caught.stderr
+    checked = audit("verify", "--org", proxy.org_id, "--database-url", proxy.database_url)
+    assert checked.returncode == 1
+    assert "no longer matches the stored head" in checked.stderr
+
+
+def test_the_database_chain_verifies_against_its_anchors(
+    proxy: ProxyHarness, tmp_path: Path
+) -> None:
+    activity(proxy)
+    anchors = tmp_path / "anchors.txt"
+    first = export(proxy, tmp_path / "first.jsonl", "--anchor-file", str(anchors))
+    with proxy.client(proxy.agent_key) as agent:
+        call(agent, new_session(), "send_email", EMAIL, 1)
+    second = export(proxy, tmp_path / "second.jsonl", "--anchor-file", str(anchors))
+    checked = audit("verify", "--org", proxy.org_id, "--database-url", proxy.database_url,
+                    "--anchor-file", str(anchors))  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
+    assert (
+        checked.stdout.strip() == f"org {proxy.org_id}: OK, {second['anchor'].split(':')[0]} "
+        f"records, head {second['anchor']}"
+    )
+    both = verify(tmp_path / "first.jsonl", tmp_path / "second.jsonl",
+                  "--anchor-file", str(anchors), "--head", second["anchor"])  # fmt: skip
+    assert both.returncode == 0, both.stderr
+    assert first["anchor"] != second["anchor"]

@@ -12,6 +12,7 @@ import hmac
 import uuid
 
 import pytest
+from blake3 import blake3
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -21,7 +22,7 @@ from undolog.proxy.edge import Edge, KeyResolver
 from undolog.proxy.roles import Principal
 from undolog.services.metrics import ProxyMetrics
 from undolog.store.records import KeyRecord
-from undolog.upstreams import sign_upstream_request, verify_upstream_signature
+from undolog_sdk.upstream import sign_request, verify_request
 
 
 def _sample(metrics: ProxyMetrics, name: str, labels: dict[str, str]) -> float | None:
@@ -84,18 +85,25 @@ def test_request_ids_are_version_4_uuids_in_their_usual_text() -> None:
     assert len(seen) == 2000
 
 
-def test_the_upstream_signature_is_the_hmac_sha256_of_the_v1_message() -> None:
-    secret, org, effect, stamp = "s3cret", "org_a", "0d1f7e8a-1111-4222-8333-444455556666", "17"
-    expected = hmac.new(
-        secret.encode(), f"v1\n{org}\n{effect}\n{stamp}".encode(), hashlib.sha256
-    ).hexdigest()
-    assert sign_upstream_request(secret, org, effect, stamp) == f"v1={expected}"
+def test_the_upstream_signature_is_the_hmac_sha256_of_the_v2_message() -> None:
+    secret, org, effect, stamp = "s3cret", "org_a", "0d1f7e8a-1111-4222-8333-444455556666", 17
+    body = b'{"args":{}}'
+    digest = blake3(body).hexdigest()
+    message = f"v2\nPOST\n/tools/echo\necho\n{digest}\n{org}\n{effect}\n{stamp}"
+    expected = hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
+    signature = sign_request(
+        secret, org_id=org, method="POST", path="/tools/echo", tool="echo", body=body,
+        effect_id=effect, timestamp=stamp,
+    )  # fmt: skip
+    assert signature == f"v2={expected}"
     headers = {
         "X-UndoLog-Org": org,
-        "X-UndoLog-Timestamp": stamp,
-        "X-UndoLog-Signature": f"v1={expected}",
+        "X-UndoLog-Tool": "echo",
+        "X-UndoLog-Effect-Id": effect,
+        "X-UndoLog-Timestamp": str(stamp),
+        "X-UndoLog-Signature": f"v2={expected}",
     }
-    assert verify_upstream_signature(secret, headers, effect, now=17) == org
+    assert verify_request(secret, headers, "POST", "/tools/echo", body, now=17).org_id == org
 
 
 def test_a_principals_actor_is_built_once_and_follows_its_role() -> None:

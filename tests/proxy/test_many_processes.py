@@ -88,7 +88,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     started: list[ProcessServer] = []
     # A database of its own: these proxies sweep every org's approvals.
     with fresh_pg_database("many") as database_url:
-        upstream = ThreadServer(create_demo_tools_app()).start()
+        upstream = ThreadServer(create_demo_tools_app(inspect=True)).start()
         try:
 
             def spawn(n: int) -> ProcessServer:

@@ -109,7 +109,7 @@ def gated() -> Iterator[Callable[..., Upstream]]:
     started: list[Upstream] = []
 
     def make(tool: str | None = None, where: str = "before") -> Upstream:
-        gate = Gate(create_demo_tools_app(), tool, where)
+        gate = Gate(create_demo_tools_app(inspect=True), tool, where)
         started.append(Upstream(ThreadServer(gate).start(), gate))
         return started[-1]
 

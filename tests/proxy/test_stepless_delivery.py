@@ -56,7 +56,7 @@ class HeldUpstream:
 
     def __init__(self, tool: str) -> None:
         self.state = DemoToolState()
-        self.app = create_demo_tools_app(self.state)
+        self.app = create_demo_tools_app(self.state, inspect=True)
         self.path = f"/tools/{tool}"
         self.held = 0  # calls that reached the hold
         self._open = asyncio.Event()

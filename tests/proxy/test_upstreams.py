@@ -8,6 +8,7 @@ upstream secret, verifies every call the proxy makes (forward calls and compensa
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import socket
 import threading
@@ -34,9 +35,9 @@ from undolog.upstreams import (
     ORG_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
-    signed_headers,
-    verify_upstream_signature,
 )
+from undolog_sdk.errors import InvalidUpstreamSignature
+from undolog_sdk.upstream import signed_headers, verify_request
 
 pytestmark = pytest.mark.security
 
@@ -354,10 +355,59 @@ def test_every_upstream_call_carries_a_verifiable_org_signature(
     effect_id = orjson.loads(request["body"])["effect_id"]
     assert effect_id == response.json()["effect_id"]
     assert headers[ORG_HEADER.lower()] == proxy.org_id
-    assert headers[SIGNATURE_HEADER.lower()].startswith("v1=")
-    assert verify_upstream_signature(secret, headers, effect_id) == proxy.org_id
-    assert verify_upstream_signature("another secret", headers, effect_id) is None
-    assert verify_upstream_signature(secret, headers, "another-effect") is None
+    assert headers[SIGNATURE_HEADER.lower()].startswith("v2=")
+    method, path, body = request["method"], request["path"], request["body"]
+    verified = verify_request(secret, headers, method, path, body)
+    assert (verified.org_id, verified.tool, verified.effect_id) == (
+        proxy.org_id,
+        "lookup",
+        effect_id,
+    )
+    for wrong in (
+        lambda: verify_request("another secret", headers, method, path, body),
+        lambda: verify_request(secret, headers, method, path, body.replace(b"1", b"2")),
+        lambda: verify_request(secret, headers, method, "/tools/other", body),
+        lambda: verify_request(secret, headers, "PUT", path, body),
+    ):
+        with pytest.raises(InvalidUpstreamSignature):
+            wrong()
+
+
+def test_a_captured_echo_call_replayed_as_transfer_funds_is_refused(
+    proxy_factory: Any, victim: tuple[Recorder, ThreadServer]
+) -> None:
+    # Issue 22: the v1 signature covered only org, effect and time, so a captured call could
+    # be sent again to any tool with any arguments. The v2 one binds path, tool and body.
+    recorder, server = victim
+    secret = secrets.token_urlsafe(32)
+    proxy: ProxyHarness = proxy_factory(upstreams=(UpstreamConfig("signed", server.url, secret),))
+    with proxy.client() as c:
+        c.put("/tools/echo", json={"tier": "safe", "upstream": "signed"}).raise_for_status()
+        assert call(c, "echo", {"hello": 1}).status_code == 200
+    [captured] = recorder.requests
+    demo = create_demo_tools_app(secret=secret, inspect=True)
+    body = orjson.loads(captured["body"])
+    theft = {"from_account": "acme-main", "to_account": "mallory", "amount": 500}
+    replays = {
+        "as transfer_funds": ("/tools/transfer_funds", orjson.dumps({**body, "args": theft})),
+        "same body, other tool": ("/tools/transfer_funds", captured["body"]),
+        "same tool, other args": ("/tools/echo", orjson.dumps({**body, "args": theft})),
+    }
+
+    signed = {k: v for k, v in captured["headers"].items() if k.startswith("x-undolog-")}
+
+    async def send(path: str, content: bytes) -> httpx.Response:
+        transport = httpx.ASGITransport(app=demo)
+        async with httpx.AsyncClient(transport=transport, base_url="http://demo") as client:
+            return await client.post(path, content=content, headers=signed)
+
+    for path, content in replays.values():
+        refused = asyncio.run(send(path, content))
+        assert refused.status_code == 401, refused.text
+    assert list(demo.state.demo.calls) == []
+    assert demo.state.demo.tenant(proxy.org_id).transfers == {}
+    # The capture itself is genuine: sent as it was, within the window, it verifies.
+    assert asyncio.run(send(captured["path"], captured["body"])).status_code == 200
 
 
 def test_an_upstreams_cookie_never_travels_with_another_call(
@@ -381,7 +431,7 @@ def test_an_upstreams_cookie_never_travels_with_another_call(
 def signed_demo() -> Iterator[tuple[ThreadServer, str]]:
     """The demo tool server holding an upstream secret."""
     secret = secrets.token_urlsafe(32)
-    server = ThreadServer(create_demo_tools_app(secret=secret)).start()
+    server = ThreadServer(create_demo_tools_app(secret=secret, inspect=True)).start()
     try:
         yield server, secret
     finally:
@@ -423,8 +473,19 @@ def test_a_proxy_with_the_wrong_secret_runs_nothing_on_a_verifying_tool_server(
 
 
 def demo_post(server: ThreadServer, tool: str, effect_id: str, headers: dict[str, str]) -> Any:
-    body = {"args": EMAIL, "session_id": "s", "effect_id": effect_id}
-    return httpx.post(f"{server.url}/tools/{tool}", json=body, headers=headers, timeout=10)
+    body = orjson.dumps({"args": EMAIL, "session_id": "s", "effect_id": effect_id})
+    return httpx.post(f"{server.url}/tools/{tool}", content=body, headers=headers, timeout=10)
+
+
+def sign(
+    secret: str, org: str, tool: str, effect_id: str, args: Any = EMAIL, now: float | None = None
+) -> dict[str, str]:
+    """The headers the proxy would send with `demo_post`'s body."""
+    body = orjson.dumps({"args": args, "session_id": "s", "effect_id": effect_id})
+    return signed_headers(
+        secret, org_id=org, method="POST", path=f"/tools/{tool}", tool=tool, body=body,
+        effect_id=effect_id, now=now,
+    )  # fmt: skip
 
 
 def test_the_demo_tool_server_rejects_forged_or_absent_signatures_with_401(
@@ -432,14 +493,16 @@ def test_the_demo_tool_server_rejects_forged_or_absent_signatures_with_401(
 ) -> None:
     server, secret = signed_demo
     effect = str(uuid.uuid4())
-    good = signed_headers(secret, "acme", effect)
+    good = sign(secret, "acme", "send_email", effect)
     forged = {
         "no headers": {},
         "org header only": {ORG_HEADER: "acme"},
-        "signed with another secret": signed_headers("guess", "acme", effect),
-        "signature of another effect": signed_headers(secret, "acme", "other-effect"),
+        "signed with another secret": sign("guess", "acme", "send_email", effect),
+        "signature of another effect": sign(secret, "acme", "send_email", "other-effect"),
+        "signature of another tool": sign(secret, "acme", "echo", effect),
+        "signature of other args": sign(secret, "acme", "send_email", effect, {"to": "m"}),
         "org swapped after signing": {**good, ORG_HEADER: "beta"},
-        "stale timestamp": signed_headers(secret, "acme", effect, now=time.time() - 3600),
+        "stale timestamp": sign(secret, "acme", "send_email", effect, now=time.time() - 3600),
         "timestamp changed after signing": {**good, TIMESTAMP_HEADER: str(int(time.time()) + 1)},
         "a timestamp that is no number": {**good, TIMESTAMP_HEADER: "-1e9"},
     }
@@ -458,13 +521,16 @@ def test_the_demo_tool_server_keeps_each_org_apart(
 ) -> None:
     server, secret = signed_demo
     sent_effect, undo_effect = str(uuid.uuid4()), str(uuid.uuid4())
-    sent = demo_post(server, "send_email", sent_effect, signed_headers(secret, "acme", sent_effect))
+    sent = demo_post(
+        server, "send_email", sent_effect, sign(secret, "acme", "send_email", sent_effect)
+    )
     message_id = sent.json()["output"]["message_id"]
-    body = {"args": {"message_id": message_id}, "session_id": "s", "effect_id": undo_effect}
+    args = {"message_id": message_id}
+    body = orjson.dumps({"args": args, "session_id": "s", "effect_id": undo_effect})
     other = httpx.post(
         f"{server.url}/tools/undo_send_email",
-        json=body,
-        headers=signed_headers(secret, "beta", undo_effect),
+        content=body,
+        headers=sign(secret, "beta", "undo_send_email", undo_effect, args),
     )
     assert other.status_code == 404  # beta cannot see, let alone recall, acme's message
     acme = httpx.get(f"{server.url}/state", params={"org": "acme"}).json()

@@ -23,6 +23,7 @@ group is what the proxy's REST API adds.
      ├── InvalidRequest                 400 invalid_request
      ├── AuthFailed                     403 auth_failed
      │    ├── AuthMissing               401 auth_failed
+     │    ├── InvalidUpstreamSignature  401 auth_failed  (a tool server refusing a call)
      │    └── Forbidden                 403 forbidden
      │         └── PolicyDenied         403 policy_denied
      ├── NotFound                       404 not_found
@@ -68,6 +69,7 @@ __all__ = [
     "Internal",
     "InvalidRequest",
     "InvalidStateTransition",
+    "InvalidUpstreamSignature",
     "MethodNotAllowed",
     "NotExecuting",
     "NotFound",
@@ -295,6 +297,13 @@ class AuthFailed(UndoLogError):
 
 class AuthMissing(AuthFailed):
     """No API key was sent."""
+
+    http_status = 401
+
+
+class InvalidUpstreamSignature(AuthFailed):
+    """A tool server could not verify that a request came from UndoLog, for this org, tool,
+    body and time (`undolog_sdk.upstream.verify_request`): it must not run the call."""
 
     http_status = 401
 

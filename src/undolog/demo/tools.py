@@ -9,10 +9,13 @@ prove exactly-once execution and LIFO compensation. Some tools exist only to mis
 cheap as a tool can be, for benchmarks.
 
 Given a secret (`undolog demo-tools --secret`, or `UNDOLOG_DEMO_TOOLS_SECRET`), it accepts only
-calls whose `X-UndoLog-Signature` verifies (`undolog.upstreams.verify_upstream_signature`) and
-answers anything else 401; without one it trusts `X-UndoLog-Org` as sent. Either way each org
-gets its own state. The inspection routes (`/counters`, `/state`, ...) are for tests and take
-`?org=` to show one org (default: every org merged); they are not authenticated.
+calls whose signature verifies (`undolog_sdk.upstream.verify_request`: bound to the method,
+path, tool, body, org and effect, within a short window) and answers anything else 401;
+without one it trusts `X-UndoLog-Org` as sent. Either way each org gets its own state. The
+inspection routes (`/counters`, `/state`, `/calls`, `PUT /balances/...`, `POST /reset`, ...)
+read and change every org's state without authentication, so they exist only when asked for
+(`inspect=True`: `undolog demo-tools --inspect`, `undolog serve --demo`, tests); they take
+`?org=` to show one org (default: every org merged).
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from undolog.demo.state import (
     TransportFault,
 )
 from undolog.logs import uvicorn_log_config
-from undolog.upstreams import ORG_HEADER, verify_upstream_signature
+from undolog_sdk.errors import InvalidUpstreamSignature
+from undolog_sdk.upstream import ORG_HEADER, verify_request
 
 __all__ = [
     "DEFAULT_BALANCE",
@@ -284,13 +288,18 @@ def _state(request: Request) -> DemoToolState:
     return state
 
 
-def _caller_org(request: Request, effect_id: str | None) -> str | None:
-    """The calling org: verified when the server has a secret (None: forged or unsigned),
-    else `X-UndoLog-Org` as sent ("" when absent)."""
+def _caller_org(request: Request, raw: bytes) -> str | None:
+    """The calling org: verified when the server has a secret (None: forged, unsigned, or
+    signed for another request), else `X-UndoLog-Org` as sent ("" when absent)."""
     secret: str | None = request.app.state.secret
     if secret is None:
         return request.headers.get(ORG_HEADER, "")
-    return verify_upstream_signature(secret, request.headers, effect_id or "")
+    try:
+        verified = verify_request(secret, request.headers, request.method, request.url.path, raw)
+    except InvalidUpstreamSignature:
+        return None
+    # The path is signed; the tool named beside it must be the one this route runs.
+    return verified.org_id if verified.tool == request.path_params["name"] else None
 
 
 def _org_param(request: Request) -> str | None:
@@ -311,8 +320,7 @@ async def call_tool(request: Request) -> Response:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         body, bad_json = None, exc
-    signed_effect = body.get("effect_id") if isinstance(body, dict) else None
-    org = _caller_org(request, signed_effect if isinstance(signed_effect, str) else None)
+    org = _caller_org(request, raw)
     if org is None:
         return _tool_result(401, error="missing or invalid X-UndoLog-Signature")
     if name not in TOOLS:
@@ -401,8 +409,19 @@ async def reset(request: Request) -> Response:
     return _json({"status": "reset"})
 
 
+_INSPECTION = [
+    Route("/counters", counters, methods=["GET"]),
+    Route("/counters/{tool}", tool_counters, methods=["GET"]),
+    Route("/executions/{tool}", executions, methods=["GET"]),
+    Route("/calls", calls, methods=["GET"]),
+    Route("/state", state_snapshot, methods=["GET"]),
+    Route("/balances/{account}", set_balance, methods=["PUT"]),
+    Route("/reset", reset, methods=["POST"]),
+]
+
+
 def create_demo_tools_app(
-    state: DemoToolState | None = None, *, secret: str | None = None
+    state: DemoToolState | None = None, *, secret: str | None = None, inspect: bool = False
 ) -> Starlette:
     """Build the demo tool server.
 
@@ -410,39 +429,37 @@ def create_demo_tools_app(
         state: where the tools keep their effects; a fresh one when omitted. It is also
             reachable as `app.state.demo`.
         secret: the upstream secret the proxy signs calls with; given, a call whose
-            `X-UndoLog-Signature` does not verify is answered 401 and not run.
+            signature does not verify is answered 401 and not run.
+        inspect: also serve the inspection and control routes (`/counters`,
+            `/counters/{tool}`, `/executions/{tool}`, `/calls`, `/state`,
+            `PUT /balances/{account}`, `POST /reset`). They are not authenticated and show
+            (or reset) every org's state, so they are off unless asked for: without them
+            those paths answer 404.
 
     Returns:
-        The Starlette app: `POST /tools/{name}` plus the inspection and control routes
-        (`/health`, `/counters`, `/counters/{tool}`, `/executions/{tool}`, `/calls`, `/state`,
-        `PUT /balances/{account}`, `POST /reset`).
+        The Starlette app: `POST /tools/{name}` and `/health`, plus the inspection routes
+        when `inspect`.
     """
-    app = Starlette(
-        routes=[
-            Route("/tools/{name}", call_tool, methods=["POST"]),
-            Route("/health", health, methods=["GET"]),
-            Route("/counters", counters, methods=["GET"]),
-            Route("/counters/{tool}", tool_counters, methods=["GET"]),
-            Route("/executions/{tool}", executions, methods=["GET"]),
-            Route("/calls", calls, methods=["GET"]),
-            Route("/state", state_snapshot, methods=["GET"]),
-            Route("/balances/{account}", set_balance, methods=["PUT"]),
-            Route("/reset", reset, methods=["POST"]),
-        ]
-    )
+    routes = [
+        Route("/tools/{name}", call_tool, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes + (_INSPECTION if inspect else []))
     app.state.demo = state if state is not None else DemoToolState()
     app.state.secret = secret or None
     return app
 
 
-async def run_demo_tools(host: str, port: int, *, secret: str | None = None) -> None:
+async def run_demo_tools(
+    host: str, port: int, *, secret: str | None = None, inspect: bool = False
+) -> None:
     """Serve the demo tool server with uvicorn until a signal or cancellation stops it.
 
     Used by `undolog demo-tools`, and as a task beside the proxy by `undolog serve --demo`:
     cancelling the task shuts the server down and closes its listening socket.
     """
     config = uvicorn.Config(
-        create_demo_tools_app(secret=secret),
+        create_demo_tools_app(secret=secret, inspect=inspect),
         host=host,
         port=port,
         log_level="info",

@@ -16,7 +16,14 @@ canonical JSON is the call signature's (`undolog_sdk.canonical_json`: keys sorte
 so the hash of a line can be recomputed by anyone. `verify_lines` finds the first line that
 was edited, removed, reordered, inserted or cut.
 
-`export_org` reads the store; the rest is pure.
+Records are numbered by the events' contiguous per-org sequence (`audit_seq`, migration 24):
+record `n` is the org's `n`th event, so an event deleted from the database leaves a gap that
+every export and `verify_org` names. Every export rebuilds the chain from its start and checks
+it against the stored head and the operator's anchors (`Anchor`: `n:hash` kept outside the
+database), so a row changed after it was exported is found by the next export, incremental or
+not, and a history rewritten after the stored head was deleted does not match a kept anchor.
+
+`export_org` and `verify_org` read the store; the rest is pure.
 """
 
 from __future__ import annotations
@@ -36,13 +43,18 @@ from undolog_sdk.signature import canonical_json
 
 __all__ = [
     "GENESIS",
+    "Anchor",
     "AuditExport",
+    "ChainCheck",
     "Verdict",
+    "anchor_line",
+    "anchors_of",
     "chain_record",
     "export_org",
     "iso_us",
     "record_hash",
     "verify_lines",
+    "verify_org",
 ]
 
 GENESIS = "0" * 64  # the `prev` of a chain's first record
@@ -93,6 +105,155 @@ def chain_record(
 
 
 @dataclass(frozen=True, slots=True)
+class Anchor:
+    """A chain head kept outside the database: record `n` of the chain has hash `head`.
+
+    Written `n:hash` (`audit export` prints it and appends it to `--anchor-file`); whoever can
+    write the database cannot change a copy the operator keeps elsewhere.
+    """
+
+    n: int
+    head: str
+
+    @classmethod
+    def parse(cls, text: str) -> Anchor:
+        """`N:HASH` (N >= 1, HASH 64 lower-case hex digits).
+
+        Raises:
+            ValueError: anything else.
+        """
+        n, sep, head = text.strip().partition(":")
+        if not sep or not n.isascii() or not n.isdigit() or int(n) < 1 or not _is_hash(head):
+            raise ValueError(f"not an anchor N:HASH: {text.strip()!r}")
+        return cls(int(n), head)
+
+    def __str__(self) -> str:
+        return f"{self.n}:{self.head}"
+
+
+def _is_hash(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def anchor_line(org_id: str, anchor: Anchor, at_us: int) -> str:
+    """One line of an anchor file: `org n:hash time` (newline included)."""
+    return f"{org_id} {anchor} {iso_us(at_us)}\n"
+
+
+def anchors_of(lines: Iterable[str], org_id: str) -> list[Anchor]:
+    """The org's anchors in the lines of an anchor file (blank and `#` lines skipped).
+
+    Raises:
+        ValueError: a line that is no `org n:hash [time]` (with its line number).
+    """
+    found = []
+    for number, line in enumerate(lines, 1):
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        try:
+            if len(words) < 2:
+                raise ValueError(f"not an anchor line: {line.strip()!r}")
+            anchor = Anchor.parse(words[1])
+        except ValueError as exc:
+            raise ValueError(f"anchor file line {number}: {exc}") from None
+        if words[0] == org_id:
+            found.append(anchor)
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class ChainCheck:
+    """A rebuilt chain: `count` records ending at `head`; `problem` the first thing wrong with
+    it (None: it is whole and matches every anchor and the stored head), at record `at`."""
+
+    org_id: str
+    count: int
+    head: str
+    problem: str | None = None
+    at: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+    @property
+    def anchor(self) -> Anchor | None:
+        return Anchor(self.count, self.head) if self.count else None
+
+
+class _Checker:
+    """Holds a chain being rebuilt to its anchors: records must come numbered 1, 2, 3, ..."""
+
+    def __init__(self, anchors: Iterable[Anchor], stored: AuditHeadRecord | None) -> None:
+        self.anchors: dict[int, dict[str, str]] = {}  # n -> {hash: what named it}
+        for anchor in anchors:
+            self.anchors.setdefault(anchor.n, {})[anchor.head] = f"the anchor {anchor}"
+        if stored is not None:
+            self.anchors.setdefault(stored.record_count, {})[stored.head_hash] = "the stored head"
+        self.problem: tuple[str, int] | None = None
+
+    def fail(self, why: str, at: int) -> None:
+        if self.problem is None:
+            self.problem = (why, at)
+
+    def gap(self, expected: int, seq: int) -> None:
+        missing = str(expected) if seq - 1 == expected else f"{expected}..{seq - 1}"
+        self.fail(f"events {missing} are missing from the database (deleted)", expected)
+
+    def record(self, n: int, hash_: str) -> None:
+        for head, what in self.anchors.get(n, {}).items():
+            if head != hash_:
+                self.fail(
+                    f"record {n} no longer matches {what}: the history changed after it "
+                    "was exported",
+                    n,
+                )
+
+    def end(self, count: int) -> None:
+        beyond = [n for n in self.anchors if n > count]
+        if beyond:
+            self.fail(
+                f"the chain has {count} records, but an anchor names record {min(beyond)}: "
+                "records were removed",
+                count + 1,
+            )
+
+
+async def _rebuild(
+    q: Queries,
+    org_id: str,
+    check: _Checker,
+    on_record: Callable[[dict[str, Any], EventRecord], object],
+) -> tuple[int, str, int]:
+    """Rebuild the org's chain from the genesis, every event in sequence order; returns
+    (records, head hash, last event id). Gaps in the sequence go to `check`."""
+    last = await q.last_audit_seq(org_id)  # first: every number up to it is committed
+    n, prev, last_event, after = 0, GENESIS, 0, 0
+    effects: dict[str, EffectRecord | None] = {}
+    while True:
+        page = await q.list_audit_events(org_id, after, last, _PAGE)
+        for seq, event in page:
+            if seq <= n:
+                check.fail(f"event number {seq} is given to two events", seq)
+                continue
+            if seq != n + 1:
+                check.gap(n + 1, seq)
+            n = seq
+            record = chain_record(event, n, prev, await _effect(q, effects, event))
+            prev, last_event = record["hash"], event.event_id
+            check.record(n, prev)
+            on_record(record, event)
+        if len(page) < _PAGE:
+            break
+        after = page[-1][0]
+    if n < last:
+        check.gap(n + 1, last + 1)  # deleted off the end: the counter went further
+    check.end(n)
+    return n, prev, last_event
+
+
+@dataclass(frozen=True, slots=True)
 class AuditExport:
     """What an export wrote: `written` records chained on `prev`, ending at `head`."""
 
@@ -101,7 +262,12 @@ class AuditExport:
     head: str  # the hash of the chain's last record (stored)
     written: int
     count: int  # records in the whole chain
-    diverged_at: int | None = None  # the chain's record that no longer matches the stored head
+    diverged_at: int | None = None  # the chain's record that no longer matches
+    problem: str | None = None  # why (a gap, an anchor, the stored head)
+
+    @property
+    def anchor(self) -> Anchor | None:
+        return Anchor(self.count, self.head) if self.count else None
 
 
 async def export_org(
@@ -111,15 +277,16 @@ async def export_org(
     *,
     since_us: int | None = None,
     now_us: int,
+    anchors: Iterable[Anchor] = (),
 ) -> AuditExport:
     """Write the org's audit records as JSON lines (`write` gets each, newline included)
     and store the chain's new head.
 
-    Without `since_us`, the export chains on from the stored head: the records of events
-    after the last export. With it, the chain is rebuilt from its start and the records at
-    or after `since_us` are written; should a rebuilt record differ from the stored head
-    (the history was changed after it was exported), `diverged_at` names it and the head is
-    not moved.
+    The chain is always rebuilt from its start, so every earlier record is checked again:
+    a gap in the org's event sequence, a record that no longer matches the stored head or
+    one of `anchors` sets `diverged_at` and `problem`, and the head is not moved. Without
+    `since_us` the records after the stored head are written (chained on it); with it, the
+    records at or after `since_us`.
 
     Raises:
         NotFound: no such org.
@@ -130,46 +297,44 @@ async def export_org(
         if await q.get_org(org_id) is None:
             raise NotFound(f"org '{org_id}' not found")
         stored = await q.get_audit_head(org_id)
-        resume = stored is not None and since_us is None
-        after = stored.last_event_id if resume and stored else 0
-        prev = stored.head_hash if resume and stored else GENESIS
-        n = stored.record_count if resume and stored else 0
+        check = _Checker(anchors, stored)
+        skip = stored.record_count if stored is not None and since_us is None else 0
         first_prev: str | None = None
-        written, last_event, diverged = 0, after, None
-        effects: dict[str, EffectRecord | None] = {}
-        while True:
-            page = await q.list_events(org_id, after, _PAGE)
-            for event in page:
-                n += 1
-                record = chain_record(event, n, prev, await _effect(q, effects, event))
-                prev, last_event = record["hash"], event.event_id
-                at_head = stored is not None and not resume and n == stored.record_count
-                if (
-                    at_head
-                    and stored
-                    and (event.event_id, prev)
-                    != (
-                        stored.last_event_id,
-                        stored.head_hash,
-                    )
-                ):
-                    diverged = diverged or n
-                if since_us is None or event.created_us >= since_us:
-                    first_prev = record["prev"] if first_prev is None else first_prev
-                    write(canonical_json(record) + "\n")
-                    written += 1
-            if len(page) < _PAGE:
-                break
-            after = page[-1].event_id
-    if stored is not None and not resume and n < stored.record_count:
-        diverged = diverged or n + 1  # the history lost records that were exported
-    result = AuditExport(org_id, first_prev or prev, prev, written, n, diverged)
-    if diverged is None and (stored is None or n != stored.record_count):
-        head = AuditHeadRecord(org_id, prev, last_event, n, now_us)
+        written = 0
+
+        def emit(record: dict[str, Any], event: EventRecord) -> None:
+            nonlocal first_prev, written
+            if record["n"] <= skip or (since_us is not None and event.created_us < since_us):
+                return
+            first_prev = record["prev"] if first_prev is None else first_prev
+            write(canonical_json(record) + "\n")
+            written += 1
+
+        n, head, last_event = await _rebuild(q, org_id, check, emit)
+    problem, at = check.problem or (None, None)
+    result = AuditExport(org_id, first_prev or head, head, written, n, at, problem)
+    if problem is None and (stored is None or n != stored.record_count):
+        record = AuditHeadRecord(org_id, head, last_event, n, now_us)
         async with store.transaction() as q:
-            if not await q.put_audit_head(head, stored.head_hash if stored else None):
+            if not await q.put_audit_head(record, stored.head_hash if stored else None):
                 raise InvalidRequest(_RACED)
     return result
+
+
+async def verify_org(store: Store, org_id: str, anchors: Iterable[Anchor] = ()) -> ChainCheck:
+    """Rebuild the org's chain from the database, from its start, and check it: no gap in
+    the event sequence, every anchor matched, and the stored head too.
+
+    Raises:
+        NotFound: no such org.
+    """
+    async with store.reader() as q:
+        if await q.get_org(org_id) is None:
+            raise NotFound(f"org '{org_id}' not found")
+        check = _Checker(anchors, await q.get_audit_head(org_id))
+        n, head, _ = await _rebuild(q, org_id, check, lambda record, event: None)
+    problem, at = check.problem or (None, None)
+    return ChainCheck(org_id, n, head, problem, at)
 
 
 async def _effect(
@@ -195,12 +360,20 @@ class Verdict:
 
 
 def verify_lines(
-    lines: Iterable[str], *, prev: str | None = None, head: str | None = None
+    lines: Iterable[str],
+    *,
+    prev: str | None = None,
+    head: str | None = None,
+    anchors: Iterable[Anchor] = (),
 ) -> Verdict:
     """Check a chain file: every line's hash, every `prev` link and `n` step, the first
     record's `prev` (`prev`, or GENESIS), and, given `head`, the last record's hash (which
-    catches lines cut off the end)."""
+    catches lines cut off the end). Each of `anchors` within the file's records must match
+    its record, and none may lie beyond the file's last record."""
     expected_prev = prev or GENESIS
+    wanted: dict[int, set[str]] = {}
+    for anchor in anchors:
+        wanted.setdefault(anchor.n, set()).add(anchor.head)
     last_n: int | None = None
     count = 0
     for number, line in enumerate(lines, 1):
@@ -223,7 +396,15 @@ def verify_lines(
         n = record.get("n")
         if not isinstance(n, int) or (last_n is not None and n != last_n + 1):
             return Verdict(False, number - 1, expected_prev, number, "its record number skips")
+        for kept in wanted.get(n, ()):
+            if kept != record["hash"]:
+                why = f"record {n} does not match the anchor {n}:{kept} (history rewritten?)"
+                return Verdict(False, number - 1, expected_prev, number, why)
         last_n, expected_prev = n, record["hash"]
+    beyond = [n for n in wanted if last_n is None or n > last_n]
+    if beyond:
+        why = f"the file ends before record {min(beyond)}, which an anchor names (lines cut off?)"
+        return Verdict(False, count, expected_prev, count + 1, why)
     if head is not None and head != expected_prev:
         why = f"the last record's hash is {expected_prev}, not the head {head} (lines cut off?)"
         return Verdict(False, count, expected_prev, count + 1, why)

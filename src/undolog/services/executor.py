@@ -162,17 +162,22 @@ class ToolExecutor:
             _log.warning("upstream_not_usable", upstream=upstream, org_id=org_id, tool=tool_name)
             raise ToolUnreachable(f"upstream for '{tool_name}' is not configured for this org")
         body = orjson.dumps({"args": args, "session_id": session_id, "effect_id": effect_id})
+        url = self._url(target.url, tool_name)
         headers = {
             "Content-Type": "application/json",
             "Idempotency-Key": idempotency_key or effect_id,
             "X-Request-Id": request_id,
-            **signed_headers(target.secret, org_id, effect_id),
-        }
+            # Bound to this method, path, tool, body, org and effect (undolog_sdk.upstream).
+            **signed_headers(
+                target.secret, org_id=org_id, method="POST", path=url.raw_path,
+                tool=tool_name, body=body, effect_id=effect_id,
+            ),
+        }  # fmt: skip
         tracing.inject(headers)  # the current span's traceparent (services/tracing.py)
         log = LazyLog(_log, {"upstream": target.name, "tool": tool_name, "effect_id": effect_id})
         try:
             async with self._session.post(
-                self._url(target.url, tool_name),
+                url,
                 data=body,
                 headers=headers,
                 allow_redirects=False,

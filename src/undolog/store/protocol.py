@@ -324,6 +324,15 @@ class Queries(OperatorQueries, Protocol):
         """Store the org's new audit head if the stored one is still `expect_hash` (None:
         none yet); False when another export moved it first."""
 
+    async def last_audit_seq(self, org_id: str) -> int:
+        """The last per-org sequence number an event of the org took (0: none yet)."""
+
+    async def list_audit_events(
+        self, org_id: str, after_seq: int, upto_seq: int, limit: int
+    ) -> list[tuple[int, EventRecord]]:
+        """The org's events numbered above `after_seq` and up to `upto_seq`, in number order,
+        each with its number (migration 24)."""
+
     async def count_by_state(self, org_id: str, table: str) -> dict[str, int]:
         """How many rows of an org's `effects`, `sessions` or `approvals` are in each state."""
 

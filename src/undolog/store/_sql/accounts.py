@@ -7,10 +7,20 @@ import abc
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from undolog.store._sql.rows import AUDIT_HEAD, KEY, ORG, OWNED_BY_SESSION, POLICY, SESSION, TOOL
+from undolog.store._sql.rows import (
+    AUDIT_HEAD,
+    EVENT,
+    KEY,
+    ORG,
+    OWNED_BY_SESSION,
+    POLICY,
+    SESSION,
+    TOOL,
+)
 from undolog.store.records import (
     SESSION_TOUCH_US,
     AuditHeadRecord,
+    EventRecord,
     KeyRecord,
     OrgRecord,
     PolicyRecord,
@@ -335,6 +345,20 @@ class AccountSql(abc.ABC):
             f"SELECT {AUDIT_HEAD.select()} FROM audit_heads WHERE org_id = ?", org_id
         )
         return AUDIT_HEAD.row(row) if row else None
+
+    async def last_audit_seq(self, org_id: str) -> int:
+        row = await self._fetchrow("SELECT last_seq FROM audit_sequences WHERE org_id = ?", org_id)
+        return int(row[0]) if row else 0
+
+    async def list_audit_events(
+        self, org_id: str, after_seq: int, upto_seq: int, limit: int
+    ) -> list[tuple[int, EventRecord]]:
+        rows = await self._fetch(
+            f"SELECT audit_seq, {EVENT.select()} FROM events WHERE org_id = ? "
+            "AND audit_seq > ? AND audit_seq <= ? ORDER BY audit_seq LIMIT ?",
+            org_id, after_seq, upto_seq, limit,
+        )  # fmt: skip
+        return [(int(r[0]), EVENT.row(tuple(r)[1:])) for r in rows]
 
     async def put_audit_head(self, head: AuditHeadRecord, expect_hash: str | None) -> bool:
         """Store the org's new head, only if the stored one is still `expect_hash` (None:
