@@ -332,6 +332,12 @@ def build_config(
         http=bounded_protocol(limits),
         # Typed int in uvicorn, but only handed to `loop.call_later`: a fraction works.
         timeout_keep_alive=limits.keep_alive_timeout_seconds,  # type: ignore[arg-type]
+        # X-Forwarded-For / -Proto only from the reverse proxies the operator names. uvicorn
+        # would trust them from 127.0.0.1 (or its own FORWARDED_ALLOW_IPS) by default: any
+        # local client could then choose the address its failed key checks count against.
+        # Without trusted proxies its middleware is not installed at all (no cost per request).
+        proxy_headers=bool(settings.forwarded_allow_ips),
+        forwarded_allow_ips=settings.forwarded_allow_ips,
     )
 
 
