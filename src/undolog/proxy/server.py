@@ -8,13 +8,20 @@ how many connections may sit open. `BoundedHttpToolsProtocol` adds, per connecti
 - a cap on the bytes of a request head (request line + headers): over it, `431` and close;
 - a head-read deadline, from the connection's opening and from the first byte of each later
   request until its headers are complete: then the connection is closed;
-- a cap on open connections: one above it is answered a canned `503` and closed at once.
+- a body deadline with a minimum rate (`body_timeout_seconds` from the first chunk that leaves
+  a body incomplete, plus a second per `min_body_bytes_per_second` received): then `408`;
+- an answer sent before its request's body was in (the edge refuses a missing or wrong key
+  from the headers alone) ends the connection: the rest of the body is not waited for;
+- seats (`Seats`): caps on open connections, per client address and overall, for connections
+  that have not shown a valid key, which are shed (a canned `503`) to seat newer ones, so that
+  a slow or keyless flood cannot shut out clients with a key.
 
 uvicorn's own `timeout_keep_alive` bounds the idle time between requests. The hot path costs
-one integer addition per received chunk while a head is being read, and a clock read per
-request: the head deadline is a time on the connection, checked by one timer per connection
-that re-arms itself for the deadline it finds, rather than a timer armed and cancelled per
-request (uvicorn already arms one per request for keep-alive). `build_server` builds the
+one integer addition per received chunk, a clock read per request and one per body still
+incomplete after a chunk: the deadlines are times on the connection, checked by one timer per
+connection that re-arms itself for the deadline it finds, rather than a timer armed and
+cancelled per request (uvicorn already arms one per request for keep-alive). A connection
+costs two dictionary entries until it shows a valid key. `build_server` builds the
 `uvicorn.Server` from `Settings`; the CLI and the test harness both use it, so tests exercise
 the same protection.
 """
@@ -359,6 +366,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         half-close, drop what still arrives, and close for good after `LINGER_SECONDS` (or
         when the client closes first).
         """
+        transport = self.transport
+        if self._discarding:  # cut already (lingering, half-closed): now for good
+            transport.close()
+            return
         self._reading_head = False
         self._in_body = False
         self._discarding = True
@@ -369,7 +380,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             started = cycle.response_started
             cycle.disconnected = True  # the app's receive() returns http.disconnect
             cycle.message_event.set()
-        transport = self.transport
         if transport.is_closing():
             return
         if answer is not None and not started:
