@@ -104,6 +104,23 @@ def serve(
     max_connections: int = typer.Option(
         None, help="Connections open at once; above: 503 and close"
     ),
+    body_timeout_seconds: float = typer.Option(
+        None, help="Time allowed to send a request's body (plus what its rate earns; default 10)"
+    ),
+    min_body_bytes_per_second: int = typer.Option(
+        None, help="Slowest average body rate accepted past --body-timeout-seconds (default 1024)"
+    ),
+    max_connections_per_client: int = typer.Option(
+        None, help="Connections per client address without a valid key yet (default 256)"
+    ),
+    reserved_connections: int = typer.Option(
+        None, help="Part of --max-connections kept for connections with a valid key (default 256)"
+    ),
+    forwarded_allow_ips: str = typer.Option(
+        None,
+        help="Comma-separated addresses/networks of reverse proxies whose X-Forwarded-For and "
+        "X-Forwarded-Proto are trusted (env UNDOLOG_FORWARDED_ALLOW_IPS; default: none)",
+    ),
     ready_timeout_seconds: float = typer.Option(
         None, help="Time the store has to answer GET /ready"
     ),

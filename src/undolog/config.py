@@ -8,6 +8,7 @@ proxy take explicit arguments built from these settings, never the settings obje
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -61,6 +62,10 @@ DEFAULT_MAX_HEADER_BYTES = 32_768  # request line + headers; above: 431 and clos
 DEFAULT_HEADER_TIMEOUT_SECONDS = 10.0  # to receive a request's headers; then close
 DEFAULT_KEEP_ALIVE_TIMEOUT_SECONDS = 5.0  # idle time between requests on one connection
 DEFAULT_MAX_CONNECTIONS = 4096  # open at once; above: a canned 503 and close
+DEFAULT_BODY_TIMEOUT_SECONDS = 10.0  # to receive a request's body, plus the rate's allowance
+DEFAULT_MIN_BODY_BYTES_PER_SECOND = 1024  # a body's slowest average rate past that time
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 256  # per address, before a valid key: oldest shed first
+DEFAULT_RESERVED_CONNECTIONS = 256  # of max_connections, only for verified (keyed) connections
 DEFAULT_READY_TIMEOUT_SECONDS = 2.0  # for the store to answer `/ready`'s query
 DEFAULT_LEASE_SWEEP_SECONDS = 2.0
 DEFAULT_RETENTION_SWEEP_SECONDS = 600.0  # the retention sweep (docs/retention.md)
@@ -93,6 +98,13 @@ class Settings:
     header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS
     keep_alive_timeout_seconds: float = DEFAULT_KEEP_ALIVE_TIMEOUT_SECONDS
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
+    min_body_bytes_per_second: int = DEFAULT_MIN_BODY_BYTES_PER_SECOND
+    max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+    reserved_connections: int = DEFAULT_RESERVED_CONNECTIONS
+    # Peers whose X-Forwarded-For / X-Forwarded-Proto are trusted (IPs, CIDR networks, "*"),
+    # comma-separated; empty: none, the client is the connection's peer.
+    forwarded_allow_ips: str = ""
     ready_timeout_seconds: float = DEFAULT_READY_TIMEOUT_SECONDS
     lease_sweep_seconds: float = DEFAULT_LEASE_SWEEP_SECONDS
     retention_sweep_seconds: float = DEFAULT_RETENTION_SWEEP_SECONDS
@@ -141,6 +153,9 @@ _POSITIVE_FIELDS = (
     "header_timeout_seconds",
     "keep_alive_timeout_seconds",
     "max_connections",
+    "body_timeout_seconds",
+    "min_body_bytes_per_second",
+    "max_connections_per_client",
     "ready_timeout_seconds",
     "retention_sweep_seconds",
     "db_pool_size",
@@ -169,7 +184,27 @@ def _origins(raw: Any) -> tuple[str, ...]:
     return origins
 
 
+def _forwarded_allow_ips(raw: Any) -> str:
+    """A list (TOML) or a comma-separated string of IP addresses, CIDR networks or `*`."""
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ValueError(f"setting 'forwarded_allow_ips': expected addresses, got {raw!r}")
+    entries = [i.strip() for i in items if i.strip()]
+    for entry in entries:
+        if entry == "*":
+            continue
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ValueError(
+                f"setting 'forwarded_allow_ips': {entry!r} is no IP address or network"
+            ) from None
+    return ",".join(entries)
+
+
 def _coerce(name: str, raw: Any) -> Any:
+    if name == "forwarded_allow_ips":
+        return _forwarded_allow_ips(raw)
     kind = {f.name: f.type for f in dataclasses.fields(Settings)}[name]
     if kind == "tuple[str, ...]":
         return _origins(raw)
@@ -246,6 +281,8 @@ def load_settings(
     for name in _POSITIVE_FIELDS:
         if getattr(settings, name) <= 0:
             raise ValueError(f"setting {name!r} must be greater than 0")
+    if settings.reserved_connections < 0:
+        raise ValueError("setting 'reserved_connections' must be 0 or more")
     if not 1 <= settings.retention_batch_size <= MAX_RETENTION_BATCH_SIZE:
         raise ValueError(f"setting 'retention_batch_size' must be 1 to {MAX_RETENTION_BATCH_SIZE}")
     scheme = settings.database_url.partition("://")[0].lower()

@@ -15,7 +15,12 @@ from typing import Any
 import uvicorn
 from uvicorn.server import ServerState
 
-from undolog.proxy.server import BoundedHttpToolsProtocol, ConnectionLimits, bounded_protocol
+from undolog.proxy.server import (
+    BoundedHttpToolsProtocol,
+    ConnectionLimits,
+    Seats,
+    bounded_protocol,
+)
 
 TIMEOUT = 10.0
 HEAD = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -93,6 +98,9 @@ class FakeTransport:
     def is_closing(self) -> bool:
         return self.closed
 
+    def can_write_eof(self) -> bool:
+        return False  # closed at once instead of after a linger
+
     def pause_reading(self) -> None:
         pass
 
@@ -160,7 +168,7 @@ def test_a_head_completed_in_time_is_not_closed_and_the_timer_lapses() -> None:
     _answered(protocol)
     loop.advance_to(100.0)
     assert not transport.closed
-    assert not [h for h in loop.pending() if h.callback == protocol._check_head_deadline]
+    assert not [h for h in loop.pending() if h.callback == protocol._check_deadlines]
 
 
 def test_a_head_that_starts_after_the_timer_lapsed_gets_a_timer_again() -> None:
@@ -182,7 +190,7 @@ def test_many_quick_requests_arm_one_head_timer_not_one_each() -> None:
         loop.advance_to(i * 0.001)
         protocol.data_received(HEAD + END)
         _answered(protocol)
-    head_timers = [h for h in loop.pending() if h.callback == protocol._check_head_deadline]
+    head_timers = [h for h in loop.pending() if h.callback == protocol._check_deadlines]
     assert len(head_timers) == 1
     # Besides it, only uvicorn's own keep-alive timer per answered request.
     assert loop.armed - armed_before == 100
@@ -193,4 +201,123 @@ def test_a_closed_connection_leaves_no_head_timer() -> None:
     protocol, loop, _ = _connection()
     protocol.data_received(HEAD)
     protocol.connection_lost(None)
-    assert not [h for h in loop.pending() if h.callback == protocol._check_head_deadline]
+    assert not [h for h in loop.pending() if h.callback == protocol._check_deadlines]
+
+
+# -- the body deadline and the seats ----------------------------------------------------------
+
+
+def _body_connection(
+    body_timeout: float = 10.0, rate: int = 100
+) -> tuple[BoundedHttpToolsProtocol, FakeLoop, FakeTransport]:
+    limits = ConnectionLimits(
+        max_header_bytes=8192,
+        header_timeout_seconds=TIMEOUT,
+        keep_alive_timeout_seconds=300.0,
+        max_connections=100,
+        body_timeout_seconds=body_timeout,
+        min_body_bytes_per_second=rate,
+    )
+    config = uvicorn.Config(
+        _app, http=bounded_protocol(limits), lifespan="off", timeout_keep_alive=300
+    )
+    loop = FakeLoop()
+    protocol = bounded_protocol(limits)(config, ServerState(), {}, _loop=loop)  # type: ignore[arg-type]
+    transport = FakeTransport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    return protocol, loop, transport
+
+
+BODY_HEAD = b"POST /tools/x HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n"
+
+
+def test_a_body_must_arrive_within_its_timeout_plus_what_its_bytes_earn() -> None:
+    protocol, loop, transport = _body_connection(body_timeout=10.0, rate=100)
+    protocol.data_received(BODY_HEAD)  # the body starts at t=0
+    loop.advance_to(5.0)
+    protocol.data_received(b"x" * 300)  # 300 bytes: 3 s more, the deadline is 13
+    loop.advance_to(12.99)
+    assert not transport.closed
+    loop.advance_to(13.0)
+    assert transport.written.startswith(b"HTTP/1.1 408 ")
+    assert b'"request_timeout"' in transport.written
+
+
+def test_a_body_at_the_minimum_rate_is_never_cut() -> None:
+    protocol, loop, transport = _body_connection(body_timeout=1.0, rate=100)
+    protocol.data_received(BODY_HEAD)
+    for second in range(60):
+        loop.advance_to(second + 0.5)
+        protocol.data_received(b"x" * 100)  # a second's worth, each second
+    assert not transport.closed and not transport.written
+
+
+def test_a_whole_body_in_the_heads_chunk_reads_no_clock_and_arms_no_body_timer() -> None:
+    protocol, loop, transport = _body_connection()
+    armed = loop.armed
+    protocol.data_received(
+        b"POST /tools/x HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n\r\n{}"
+    )
+    assert protocol._body_started is None
+    assert loop.armed == armed
+    assert not transport.closed
+
+
+class _Conn:
+    """What `Seats` asks of a connection: its address, and to be shed."""
+
+    def __init__(self, seats: Seats, host: str) -> None:
+        self.host = host
+        self.seats = seats
+        self.shed_count = 0
+
+    def shed(self) -> None:
+        self.shed_count += 1
+        self.seats.leave(self)  # type: ignore[arg-type]
+
+
+def _seats(**limits: Any) -> Seats:
+    values: dict[str, Any] = {
+        "max_header_bytes": 8192,
+        "header_timeout_seconds": 10.0,
+        "keep_alive_timeout_seconds": 5.0,
+        "max_connections": 16,
+        "max_connections_per_client": 8,
+        "reserved_connections": 4,
+    }
+    values.update(limits)
+    return Seats(ConnectionLimits(**values))
+
+
+def _arrive(seats: Seats, host: str) -> tuple[_Conn, bool]:
+    conn = _Conn(seats, host)
+    return conn, seats.seat(conn)  # type: ignore[arg-type]
+
+
+def test_an_address_over_its_cap_sheds_its_own_oldest() -> None:
+    seats = _seats()
+    flood = [_arrive(seats, "10.0.0.9")[0] for _ in range(10)]
+    assert [c.shed_count for c in flood] == [1, 1] + [0] * 8
+    _, seated = _arrive(seats, "10.0.0.1")
+    assert seated and all(c.shed_count <= 1 for c in flood)
+
+
+def test_a_light_address_sheds_the_heaviest_addresses_oldest_never_its_peers() -> None:
+    seats = _seats(max_connections_per_client=16)  # unverified cap: 16 - 4 = 12
+    light = [_arrive(seats, "10.0.0.1")[0] for _ in range(2)]
+    flood = [_arrive(seats, f"10.0.1.{n % 3}")[0] for n in range(60)]
+    assert not any(c.shed_count for c in light)  # the flood cycled through its own seats
+    _, seated = _arrive(seats, "10.0.0.1")
+    assert seated and not any(c.shed_count for c in light)
+    assert len(seats.unverified) == 12
+    assert sum(c.shed_count for c in flood) == 60 - 12 + 3
+
+
+def test_verified_connections_are_never_shed_and_past_them_a_newcomer_is_refused() -> None:
+    seats = _seats(max_connections=4, reserved_connections=0)
+    verified = [_arrive(seats, "10.0.0.1")[0] for _ in range(4)]
+    for conn in verified:
+        seats.verified(conn)  # type: ignore[arg-type]
+    _, seated = _arrive(seats, "10.0.0.2")
+    assert not seated
+    assert not any(c.shed_count for c in verified)

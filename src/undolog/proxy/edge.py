@@ -5,12 +5,15 @@ stream per request on the hot path. Order: a request id for every response; `/he
 `/metrics` answered before anything else (outside the HTTP metrics, as the reference says;
 `/metrics` only to `Authorization: Bearer <metrics_token>`, since it names every org, and not
 at all without a configured token — `metrics_port` serves it on a private listener instead);
-then the body limit; then auth, which puts the key's principal in `scope["state"]` (`org_id`,
-`key_id`, `key_name`, `role`, `principal`) and checks the role against the permission table
-(`roles.py`: 403 `forbidden`); then the app, timed per route template. The org and the actor
-always come from the key, never from what the client writes. Failed key checks count per
-client address (`ratelimit.py`): past the limit a wrong key answers 429, a valid key always
-passes.
+then the declared body size; then auth, from the headers alone, which puts the key's principal
+in `scope["state"]` (`org_id`, `key_id`, `key_name`, `role`, `principal`), checks the role
+against the permission table (`roles.py`: 403 `forbidden`) and tells the server the connection
+has shown a valid key (`server.py` never sheds such a connection); only then the body, read
+whole within the limit; then the app, timed per route template. A request without valid
+credentials is thus answered before its body is read, and the server closes its connection.
+The org and the actor always come from the key, never from what the client writes. Failed key
+checks count per client address (`ratelimit.py`): past the limit a wrong key answers 429, a
+valid key always passes.
 
 Auth takes the `X-Api-Key` header first; without one, the dashboard's session cookie
 (`ui_auth.py`) stands in for it, and a state-changing request must then also pass the
@@ -42,6 +45,7 @@ from undolog.proxy.errors import answer_error
 from undolog.proxy.inputs import path_problem
 from undolog.proxy.ratelimit import FailureLimiter, client_address
 from undolog.proxy.roles import Principal, allowed
+from undolog.proxy.server import CONNECTION_VERIFIED
 from undolog.proxy.ui_auth import UiSessions, cookie_token, same_origin
 from undolog.proxy.wire import error_body
 from undolog.services.metrics import ProxyMetrics
@@ -140,6 +144,16 @@ class KeyResolver:
             await self._touch(key_id)
         except Exception:  # a lost "last used" must never fail or log-spam a request
             structlog.get_logger("undolog.proxy").debug("key_touch_failed", key_id=key_id)
+
+
+def _connection_verified(scope: Scope) -> None:
+    """Tell the server this connection has shown valid credentials (`server.py` then never
+    sheds it to seat another); the extension is there only until it has."""
+    extensions = scope.get("extensions")
+    if extensions is not None:
+        mark = extensions.get(CONNECTION_VERIFIED)
+        if mark is not None:
+            mark()
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -284,10 +298,15 @@ class Edge:
     ) -> None:
         """Limits and auth, then the route; `status_holder` gets the answer's status."""
         try:
-            if scope["method"] in _BODY_METHODS:
-                receive = await self._bounded_body(scope, receive)
+            has_body = scope["method"] in _BODY_METHODS
+            if has_body:
+                self._check_declared_length(scope)
+            # The key is checked from the headers, before the body is read: a request without
+            # valid credentials is answered at once, and the server closes its connection
+            # without waiting for the body (`server.py`).
             if not (path in PUBLIC_PATHS or path == "/ui" or path.startswith(PUBLIC_PREFIXES)):
                 principal = await self._authenticate(scope)
+                _connection_verified(scope)
                 state = scope["state"]
                 state["principal"] = principal
                 state["org_id"] = principal.org_id
@@ -301,6 +320,12 @@ class Edge:
             problem = path_problem(path)
             if problem is not None:
                 raise InvalidRequest(problem)
+            if has_body:
+                body = await self._bounded_body(receive)
+                if body is None:
+                    status_holder[0] = 499  # the client left (or was cut) before its body
+                    return
+                receive = body
         except UndoLogError as exc:
             # The app's one mapping.
             error = answer_error(request_id, exc, path)
@@ -328,18 +353,22 @@ class Edge:
         status_holder[0] = response.status_code
         await response(scope, receive, send)
 
-    async def _bounded_body(self, scope: Scope, receive: Receive) -> Receive:
-        """Read the whole body (refusing more than the limit) and replay it to the app."""
+    def _check_declared_length(self, scope: Scope) -> None:
         limit = self.max_body_bytes
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+
+    async def _bounded_body(self, receive: Receive) -> _BodyReplay | None:
+        """Read the whole body (refusing more than the limit) to replay it to the app; None
+        when the client disconnected first (a partial body is never handed on)."""
+        limit = self.max_body_bytes
         chunks: list[bytes] = []
         size = 0
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                break
+                return None
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:

@@ -9,8 +9,10 @@ oldest failure in the window ages out) instead of saying whether the key was wro
 Memory is bounded: per address at most `limit` timestamps, and at most `max_clients`
 addresses (the one that failed longest ago is forgotten first), so a flood of addresses
 cannot grow it. In memory and per process: a restart forgets, and each process of a
-multi-process deployment counts on its own. Behind a reverse proxy every client shares the
-proxy's address; the limit then applies to all of them together (valid keys still pass).
+multi-process deployment counts on its own. The address is the connection's peer unless that
+peer is a reverse proxy named in `forwarded_allow_ips` (then uvicorn puts the client its
+`X-Forwarded-For` names in the scope); behind a proxy not named there every client shares the
+proxy's address and the limit applies to all of them together (valid keys still pass).
 """
 
 from __future__ import annotations

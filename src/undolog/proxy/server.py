@@ -8,13 +8,20 @@ how many connections may sit open. `BoundedHttpToolsProtocol` adds, per connecti
 - a cap on the bytes of a request head (request line + headers): over it, `431` and close;
 - a head-read deadline, from the connection's opening and from the first byte of each later
   request until its headers are complete: then the connection is closed;
-- a cap on open connections: one above it is answered a canned `503` and closed at once.
+- a body deadline with a minimum rate (`body_timeout_seconds` from the first chunk that leaves
+  a body incomplete, plus a second per `min_body_bytes_per_second` received): then `408`;
+- an answer sent before its request's body was in (the edge refuses a missing or wrong key
+  from the headers alone) ends the connection: the rest of the body is not waited for;
+- seats (`Seats`): caps on open connections, per client address and overall, for connections
+  that have not shown a valid key, which are shed (a canned `503`) to seat newer ones, so that
+  a slow or keyless flood cannot shut out clients with a key.
 
 uvicorn's own `timeout_keep_alive` bounds the idle time between requests. The hot path costs
-one integer addition per received chunk while a head is being read, and a clock read per
-request: the head deadline is a time on the connection, checked by one timer per connection
-that re-arms itself for the deadline it finds, rather than a timer armed and cancelled per
-request (uvicorn already arms one per request for keep-alive). `build_server` builds the
+one integer addition per received chunk, a clock read per request and one per body still
+incomplete after a chunk: the deadlines are times on the connection, checked by one timer per
+connection that re-arms itself for the deadline it finds, rather than a timer armed and
+cancelled per request (uvicorn already arms one per request for keep-alive). A connection
+costs two dictionary entries until it shows a valid key. `build_server` builds the
 `uvicorn.Server` from `Settings`; the CLI and the test harness both use it, so tests exercise
 the same protection.
 """
@@ -22,6 +29,8 @@ the same protection.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import ipaddress
 import logging
 import resource
 from dataclasses import dataclass
@@ -47,6 +56,10 @@ __all__ = [
 
 HEADERS_TOO_LARGE = "headers_too_large"
 TOO_MANY_CONNECTIONS = "too_many_connections"
+REQUEST_TIMEOUT = "request_timeout"
+# The ASGI scope extension through which the edge reports a request's valid credentials: a
+# callable, present only while the connection has shown none (`Edge` calls it).
+CONNECTION_VERIFIED = "undolog.connection_verified"
 # How long a refused connection's further bytes are read and dropped before it is closed.
 LINGER_SECONDS = 2.0
 # Descriptors kept out of the connection cap: store connections, upstream sockets, log files.
@@ -65,6 +78,11 @@ class ConnectionLimits:
     header_timeout_seconds: float
     keep_alive_timeout_seconds: float
     max_connections: int
+    body_timeout_seconds: float = 10.0
+    min_body_bytes_per_second: int = 1024
+    max_connections_per_client: int = 256
+    reserved_connections: int = 0
+    forwarded_allow_ips: str = ""  # trusted reverse proxies: no per-address cap for them
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ConnectionLimits:
@@ -73,7 +91,18 @@ class ConnectionLimits:
             header_timeout_seconds=settings.header_timeout_seconds,
             keep_alive_timeout_seconds=settings.keep_alive_timeout_seconds,
             max_connections=settings.max_connections,
+            body_timeout_seconds=settings.body_timeout_seconds,
+            min_body_bytes_per_second=settings.min_body_bytes_per_second,
+            max_connections_per_client=settings.max_connections_per_client,
+            reserved_connections=settings.reserved_connections,
+            forwarded_allow_ips=settings.forwarded_allow_ips,
         )
+
+    @property
+    def unverified_cap(self) -> int:
+        """Connections that may be open at once without a valid key (the rest is reserved)."""
+        reserve = min(self.reserved_connections, self.max_connections // 4)
+        return max(1, self.max_connections - reserve)
 
 
 def _refusal(status: int, reason: str, code: str, message: str) -> bytes:
@@ -89,60 +118,186 @@ def _refusal(status: int, reason: str, code: str, message: str) -> bytes:
     return head.encode("ascii") + body
 
 
+def _too_many() -> bytes:
+    return _refusal(
+        503, "Service Unavailable", TOO_MANY_CONNECTIONS, "too many open connections; retry later"
+    )
+
+
+class _Trusted:
+    """The addresses of `forwarded_allow_ips`: reverse proxies, exempt from the per-address
+    cap (all their clients share their address)."""
+
+    def __init__(self, setting: str) -> None:
+        entries = [e.strip() for e in setting.split(",") if e.strip()]
+        self.everyone = "*" in entries
+        self.networks = [ipaddress.ip_network(e, strict=False) for e in entries if e != "*"]
+
+    def __contains__(self, host: str) -> bool:
+        if self.everyone:
+            return True
+        if not self.networks:
+            return False
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return any(address in network for network in self.networks)
+
+
+class Seats:
+    """The connections of one server, by whether they have shown a valid key yet.
+
+    Every connection starts unverified; the edge marks it verified at its first request with
+    valid credentials, and a verified connection is never shed. Unverified connections are
+    kept in order of arrival, per client address. When an address holds more than
+    `max_connections_per_client` of them (reverse proxies named in `forwarded_allow_ips`
+    excepted), its oldest is shed. When all unverified ones together exceed `unverified_cap`
+    (the rest of `max_connections` is reserved for verified ones), or the server exceeds
+    `max_connections`, one is shed to seat the newcomer, fairly: the oldest of the newcomer's
+    own address if that address holds more than its share, else the oldest of the address
+    holding the most, else the oldest of all. A flood from some addresses thus cycles
+    through its own seats and cannot shed the connections of an address that holds fewer;
+    only when no other connection can be shed is the newcomer refused (503).
+    """
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self.open = 0
+        self.unverified: dict[BoundedHttpToolsProtocol, None] = {}  # oldest first
+        self.by_client: dict[str, dict[BoundedHttpToolsProtocol, None]] = {}  # unverified
+        self.trusted = _Trusted(limits.forwarded_allow_ips)
+
+    def seat(self, conn: BoundedHttpToolsProtocol) -> bool:
+        """Count `conn` in, shedding older unverified ones as needed; False: refuse it."""
+        limits = self.limits
+        self.open += 1
+        self.unverified[conn] = None
+        own = self.by_client.setdefault(conn.host, {})
+        own[conn] = None
+        if len(own) > limits.max_connections_per_client and conn.host not in self.trusted:
+            next(iter(own)).shed()  # the oldest: not `conn`, as the cap is at least 1
+        if len(self.unverified) > limits.unverified_cap or self.open > limits.max_connections:
+            victim = self._victim(conn, own)
+            if victim is None:
+                return False
+            victim.shed()
+        return True
+
+    def _victim(
+        self, conn: BoundedHttpToolsProtocol, own: dict[BoundedHttpToolsProtocol, None]
+    ) -> BoundedHttpToolsProtocol | None:
+        oldest_own = next(iter(own))
+        if oldest_own is not conn and len(own) * len(self.by_client) > self.limits.unverified_cap:
+            return oldest_own  # its address holds more than its share
+        heaviest = max(self.by_client.values(), key=len)  # only when a light address comes
+        if len(heaviest) > len(own):
+            return next(iter(heaviest))
+        oldest = next(iter(self.unverified))
+        return None if oldest is conn else oldest
+
+    def verified(self, conn: BoundedHttpToolsProtocol) -> None:
+        if self.unverified.pop(conn, 0) is None:
+            same = self.by_client[conn.host]
+            del same[conn]
+            if not same:
+                del self.by_client[conn.host]
+
+    def leave(self, conn: BoundedHttpToolsProtocol) -> None:
+        self.open -= 1
+        self.verified(conn)
+
+
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a head size cap, a head deadline and a connection cap.
+    """uvicorn's httptools protocol with head and body deadlines and connection seats.
 
     The limits are class attributes, set on a subclass by `bounded_protocol`, because uvicorn
     builds one protocol object per connection from a class.
     """
 
     limits: ClassVar[ConnectionLimits]
+    seats: ClassVar[Seats]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.host = ""
         self._reading_head = True  # between requests or inside a head: bytes count
         self._head_bytes = 0
-        # When the head being read must be complete (None: no head in progress), and the one
-        # timer that checks it: it fires at a deadline, finds the current one, and closes the
-        # connection or re-arms for a later deadline (a request that began since).
+        # When the head being read must be complete (None: no head in progress).
         self._head_deadline: float | None = None
-        self._head_timer: asyncio.TimerHandle | None = None
+        # The body being read: whether one is, when it began (None: not yet clocked: only a
+        # body still incomplete after a chunk is), and its bytes so far.
+        self._in_body = False
+        self._body_started: float | None = None
+        self._body_bytes = 0
+        # The one timer that checks both deadlines: it fires, finds the current deadline, and
+        # closes the connection or re-arms for a later one (a request that began since).
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._seated = False
+        self._verified = False
+        self._extensions: dict[str, Any] | None = None
         self._discarding = False  # refused: what still arrives is read and dropped
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.limits.max_connections:
+        self.host = self.client[0] if self.client else ""
+        self._seated = True
+        if not self.seats.seat(self):
             # Refused before anything is read or parsed: as cheap as answering gets.
+            self._leave()
             self._discarding = True
-            transport.write(
-                _refusal(
-                    503,
-                    "Service Unavailable",
-                    TOO_MANY_CONNECTIONS,
-                    "too many open connections; retry later",
-                )
-            )
+            transport.write(_too_many())
             transport.close()
             return
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_head_timer()
+        self._cancel_timer()
+        self._leave()
         super().connection_lost(exc)
+
+    def _leave(self) -> None:
+        if self._seated:
+            self._seated = False
+            self.seats.leave(self)
+
+    def mark_verified(self) -> None:
+        """The edge found valid credentials on this connection: it is never shed."""
+        if not self._verified:
+            self._verified = True
+            self._extensions = None
+            if self._seated:
+                self.seats.verified(self)
+
+    def shed(self) -> None:
+        """Close this (unverified) connection to seat a newer one."""
+        self._leave()
+        self._cut(_too_many(), linger=False)
 
     def data_received(self, data: bytes) -> None:
         if self._discarding:
             return
-        if not self._reading_head:
+        if self._reading_head:
+            if self._head_deadline is None:
+                self._arm_head_timer()  # the first byte of a request after keep-alive
+            self._head_bytes += len(data)
             super().data_received(data)
-            return
-        if self._head_deadline is None:
-            self._arm_head_timer()  # the first byte of a request after keep-alive
-        self._head_bytes += len(data)
-        super().data_received(data)
-        # Checked after parsing: a chunk that completes the head (with some body) is fine.
-        if self._reading_head and self._head_bytes > self.limits.max_header_bytes:
-            self._refuse_head()
+            # Checked after parsing: a chunk that completes the head (with some body) is fine.
+            if self._reading_head and self._head_bytes > self.limits.max_header_bytes:
+                self._refuse_head()
+        else:
+            self._body_bytes += len(data)
+            super().data_received(data)
+        if self._in_body and self._body_started is None and not self._discarding:
+            self._start_body_clock()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if not self._verified:
+            if self._extensions is None:
+                self._extensions = {CONNECTION_VERIFIED: self.mark_verified}
+            self.scope["extensions"] = self._extensions
 
     def on_headers_complete(self) -> None:
         if self._discarding:
@@ -156,6 +311,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             # measure the head itself (only here, off the common path).
             self._refuse_head()
             return
+        self._in_body = True
+        self._body_bytes = 0
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
@@ -166,8 +323,17 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._discarding:
             return
         super().on_message_complete()
+        self._in_body = False
+        self._body_started = None
         self._reading_head = True
         self._head_bytes = 0
+
+    def on_response_complete(self) -> None:
+        if self._in_body and not self.pipeline and not self._discarding:
+            # Answered before its body was in (a bad key, a body too large): the rest of the
+            # body is not waited for, and the connection is not kept for another request.
+            self._cut(None, linger=True)
+        super().on_response_complete()
 
     def send_400_response(self, msg: str) -> None:
         if not self._discarding:  # already answered 431
@@ -177,61 +343,117 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         return len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
 
     def _refuse_head(self) -> None:
-        """Answer 431, then close after a short linger.
-
-        Closing at once with the client's bytes unread makes the kernel send a reset, which
-        can destroy the 431 before the client reads it. So: send it, half-close, drop what
-        still arrives, and close for good after `LINGER_SECONDS`.
-        """
-        self._reading_head = False
-        self._discarding = True
-        self._cancel_head_timer()
-        if self.transport.is_closing():
-            return
+        """Answer 431, then close after a short linger."""
         if self.cycle is not None and not self.cycle.response_complete:
             # A pipelined head behind a response still being written: no room for a 431.
-            self.transport.close()
+            self._cut(None, linger=False)
             return
         limit = self.limits.max_header_bytes
-        self.transport.write(
-            _refusal(
-                431,
-                "Request Header Fields Too Large",
-                HEADERS_TOO_LARGE,
-                f"request headers exceed the limit of {limit} bytes",
-            )
+        answer = _refusal(
+            431,
+            "Request Header Fields Too Large",
+            HEADERS_TOO_LARGE,
+            f"request headers exceed the limit of {limit} bytes",
         )
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-            self.loop.call_later(LINGER_SECONDS, self.transport.close)
-        else:  # pragma: no cover - TLS transports cannot half-close
-            self.transport.close()
+        self._cut(answer, linger=True)
+
+    def _cut(self, answer: bytes | None, *, linger: bool) -> None:
+        """End this connection: the request in progress sees a disconnect, `answer` (if
+        any, and if no response has started) is sent, and the connection closes.
+
+        Closing at once with the client's bytes unread makes the kernel send a reset, which
+        can destroy the answer before the client reads it. So with `linger`: send it,
+        half-close, drop what still arrives, and close for good after `LINGER_SECONDS` (or
+        when the client closes first).
+        """
+        transport = self.transport
+        if self._discarding:  # cut already (lingering, half-closed): now for good
+            transport.close()
+            return
+        self._reading_head = False
+        self._in_body = False
+        self._discarding = True
+        self._cancel_timer()
+        cycle = self.cycle
+        started = False
+        if cycle is not None and not cycle.response_complete:
+            started = cycle.response_started
+            cycle.disconnected = True  # the app's receive() returns http.disconnect
+            cycle.message_event.set()
+        if transport.is_closing():
+            return
+        if answer is not None and not started:
+            transport.write(answer)
+        if linger and transport.can_write_eof():
+            transport.write_eof()
+            self.loop.call_later(LINGER_SECONDS, transport.close)
+        else:
+            transport.close()
+
+    # -- deadlines ---------------------------------------------------------------------------
 
     def _arm_head_timer(self) -> None:
         """A head starts now: it must be complete within `header_timeout_seconds`."""
         deadline = self.loop.time() + self.limits.header_timeout_seconds
         self._head_deadline = deadline
-        if self._head_timer is None:  # else the pending one re-arms itself for this deadline
-            self._head_timer = self.loop.call_at(deadline, self._check_head_deadline)
+        if self._timer is None:  # else the pending one re-arms itself for this deadline
+            self._arm(deadline)
 
-    def _cancel_head_timer(self) -> None:
+    def _start_body_clock(self) -> None:
+        """A body is still incomplete after a chunk: its deadline counts from now."""
+        now = self.loop.time()
+        self._body_started = now
+        deadline = now + self.limits.body_timeout_seconds
+        if self._timer is None or self._timer_at > deadline:
+            self._arm(deadline)
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self.loop.call_at(when, self._check_deadlines)
+
+    def _cancel_timer(self) -> None:
         self._head_deadline = None
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
-    def _check_head_deadline(self) -> None:
-        self._head_timer = None
-        deadline = self._head_deadline
-        if deadline is None or not self._reading_head:
-            return  # no head in progress: the next one arms a timer again
-        if self.loop.time() + _TIMER_SLACK < deadline:
-            # A later request's head: wait for its own deadline.
-            self._head_timer = self.loop.call_at(deadline, self._check_head_deadline)
+    def _body_deadline(self) -> float | None:
+        """When the body in progress must be in: `body_timeout_seconds` from its start, plus
+        a second per `min_body_bytes_per_second` bytes received (a client below that average
+        rate falls behind its deadline)."""
+        if not self._in_body or self._body_started is None:
+            return None
+        limits = self.limits
+        earned = self._body_bytes / limits.min_body_bytes_per_second
+        return self._body_started + limits.body_timeout_seconds + earned
+
+    def _check_deadlines(self) -> None:
+        self._timer = None
+        if self._discarding:
             return
-        self._head_deadline = None
-        if not self.transport.is_closing():
-            self.transport.close()
+        head = self._head_deadline if self._reading_head else None
+        body = self._body_deadline()
+        deadline = head if head is not None else body
+        if deadline is None:
+            return  # nothing being read: the next head or body arms a timer again
+        if self.loop.time() + _TIMER_SLACK < deadline:
+            self._arm(deadline)  # a later request's head, or a body that earned more time
+            return
+        if head is not None:
+            self._head_deadline = None
+            self._cut(None, linger=False)
+            return
+        limits = self.limits
+        answer = _refusal(
+            408,
+            "Request Timeout",
+            REQUEST_TIMEOUT,
+            f"the request body did not arrive in time: {limits.body_timeout_seconds:g} s, then "
+            f"at least {limits.min_body_bytes_per_second} bytes per second",
+        )
+        self._cut(answer, linger=True)
 
 
 class OneLineStartupErrors:
@@ -268,8 +490,9 @@ def _last_line(traceback_text: str) -> str:
 
 
 def bounded_protocol(limits: ConnectionLimits) -> type[BoundedHttpToolsProtocol]:
-    """A protocol class carrying `limits`."""
-    return type("BoundedHttpToolsProtocol", (BoundedHttpToolsProtocol,), {"limits": limits})
+    """A protocol class carrying `limits`, and the seats of the server it is used by."""
+    attributes = {"limits": limits, "seats": Seats(limits)}
+    return type("BoundedHttpToolsProtocol", (BoundedHttpToolsProtocol,), attributes)
 
 
 def raise_open_files_limit() -> int:
@@ -301,12 +524,7 @@ def _effective_limits(settings: Settings, open_files: int) -> ConnectionLimits:
             ceiling,
             open_files,
         )
-        limits = ConnectionLimits(
-            max_header_bytes=limits.max_header_bytes,
-            header_timeout_seconds=limits.header_timeout_seconds,
-            keep_alive_timeout_seconds=limits.keep_alive_timeout_seconds,
-            max_connections=ceiling,
-        )
+        limits = dataclasses.replace(limits, max_connections=ceiling)
     return limits
 
 
@@ -332,6 +550,12 @@ def build_config(
         http=bounded_protocol(limits),
         # Typed int in uvicorn, but only handed to `loop.call_later`: a fraction works.
         timeout_keep_alive=limits.keep_alive_timeout_seconds,  # type: ignore[arg-type]
+        # X-Forwarded-For / -Proto only from the reverse proxies the operator names. uvicorn
+        # would trust them from 127.0.0.1 (or its own FORWARDED_ALLOW_IPS) by default: any
+        # local client could then choose the address its failed key checks count against.
+        # Without trusted proxies its middleware is not installed at all (no cost per request).
+        proxy_headers=bool(settings.forwarded_allow_ips),
+        forwarded_allow_ips=settings.forwarded_allow_ips,
     )
 
 
