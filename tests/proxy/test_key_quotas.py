@@ -46,9 +46,7 @@ class Org:
         )
 
     def settings(self, store_url: str, **quotas: Any) -> Settings:
-        tool = ToolConfig(
-            self.org_id, "note", "compensable", compensation={"fn_name": "unnote"}
-        )
+        tool = ToolConfig(self.org_id, "note", "compensable", compensation={"fn_name": "unnote"})
         return make_settings(
             store_url, "http://127.0.0.1:9", (self.config(),), tools=(tool,), **quotas
         )
@@ -203,4 +201,3 @@ async def test_agent_keys_together_leave_a_quarter_of_the_orgs_streams_to_people
                     assert full.status == 429
                     assert full.json()["code"] == "too_many_subscribers"
                     assert full.headers["retry-after"] == str(full.json()["retry_after"])
-

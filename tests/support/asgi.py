@@ -17,6 +17,8 @@ import orjson
 from undolog.config import Settings
 from undolog.proxy import create_app
 
+START_SECONDS = 10  # for a response to start: a deadline, not an expectation
+
 
 @dataclass
 class InProcess:
@@ -65,9 +67,7 @@ class HeldResponse:
 
 
 @contextlib.asynccontextmanager
-async def held_get(
-    running: InProcess, path: str, api_key: str, timeout: float = 10
-) -> AsyncIterator[HeldResponse]:
+async def held_get(running: InProcess, path: str, api_key: str) -> AsyncIterator[HeldResponse]:
     """GET `path` and hold the response open (an SSE stream) until the block exits. An error
     answer comes whole; of a stream, `body` holds what it had sent when its head arrived."""
     started = asyncio.Event()
@@ -108,11 +108,11 @@ async def held_get(
     }
     task = asyncio.create_task(running.app(scope, receive, send))
     waiter = asyncio.create_task(started.wait())
-    await asyncio.wait({task, waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait({task, waiter}, timeout=START_SECONDS, return_when=asyncio.FIRST_COMPLETED)
     if not started.is_set():
         waiter.cancel()
         task.cancel()
-        raise AssertionError(f"GET {path} did not start a response within {timeout}s")
+        raise AssertionError(f"GET {path} did not start a response within {START_SECONDS}s")
     waiter.cancel()
     response = HeldResponse(head["status"], head["headers"], b"".join(chunks), disconnect, task)
     try:

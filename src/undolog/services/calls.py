@@ -25,8 +25,8 @@ from undolog.engine.states import REPLAYABLE_STATES
 from undolog.faults import crash_point
 from undolog.logs import LazyLog
 from undolog.services import tracing
-from undolog.services.quotas import session_exists
 from undolog.services.executor import ToolTransportError, ToolUnreachable
+from undolog.services.quotas import session_exists
 from undolog_sdk.errors import (
     AdvisoryLockTimeout,
     CommitFailed,

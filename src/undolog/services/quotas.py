@@ -39,10 +39,10 @@ from undolog_sdk.errors import RateLimited, UndoLogError
 
 __all__ = [
     "AGENT_STREAM_SHARE",
+    "STREAM_RETRY_AFTER_SECONDS",
     "KeyQuotas",
     "Quota",
     "QuotaExceeded",
-    "STREAM_RETRY_AFTER_SECONDS",
     "TokenBuckets",
     "agent_stream_cap",
     "check_streams",
