@@ -9,6 +9,7 @@ that none comes while a test runs.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Any
 
@@ -17,7 +18,15 @@ import pytest
 
 from tests.proxy.conftest import make_settings, new_key
 from tests.support.asgi import HeldResponse, held_get, in_process
-from undolog.config import KeyConfig, OrgConfig, Settings, ToolConfig, hash_api_key
+from undolog.config import (
+    DEFAULT_KEY_EVENT_STREAMS,
+    DEFAULT_KEY_SESSIONS_PER_MINUTE,
+    KeyConfig,
+    OrgConfig,
+    Settings,
+    ToolConfig,
+    hash_api_key,
+)
 
 pytestmark = pytest.mark.security
 
@@ -112,6 +121,20 @@ async def test_one_agent_key_opening_many_sessions_is_refused_while_other_keys_g
         assert len(listed) == 4
 
 
+async def test_with_the_defaults_a_flood_of_new_sessions_stops_after_the_quota(
+    store_url: str,
+) -> None:
+    """The attack as measured (one key, 1,500 sessions in 6 s): the first 120 open, then 2 a
+    second come back, so a refusal comes within a few more."""
+    org = Org()
+    async with in_process(org.settings(store_url)) as running, running.client(org.agent) as agent:
+        statuses = []
+        while 429 not in statuses and len(statuses) < 2 * DEFAULT_KEY_SESSIONS_PER_MINUTE:
+            statuses.append((await agent.post(TOOL_CALL, json=note(new_session()))).status_code)
+        assert statuses[:DEFAULT_KEY_SESSIONS_PER_MINUTE] == [200] * DEFAULT_KEY_SESSIONS_PER_MINUTE
+        assert statuses[-1] == 429, f"{len(statuses)} new sessions without a refusal"
+
+
 async def test_a_session_another_process_opened_is_not_new_to_this_one(store_url: str) -> None:
     """Processes count on their own: a session this one has not seen may exist already
     (another worker, a restart). Once the key's new-session tokens are spent, the store says
@@ -159,16 +182,17 @@ async def test_a_key_over_its_call_quota_is_refused_and_the_orgs_other_keys_are_
 
 
 async def test_one_agent_key_cannot_take_all_of_its_orgs_event_streams(store_url: str) -> None:
+    """With the defaults: an org holds 100 streams, a key 10 of them."""
     org = Org()
-    settings = org.settings(store_url, key_event_streams=2)
-    async with in_process(settings) as running:
-        async with (
-            held_get(running, "/events", org.agent) as one,
-            held_get(running, "/events", org.agent) as two,
-            held_get(running, "/events", org.agent) as three,
-        ):
-            assert (one.status, two.status) == (200, 200)
-            assert_over_quota(three, "event_streams")
+    async with in_process(org.settings(store_url)) as running:
+        assert running.runtime.broker.max_per_org == 100
+        async with contextlib.AsyncExitStack() as streams:
+            opened = [
+                await streams.enter_async_context(held_get(running, "/events", org.agent))
+                for _ in range(DEFAULT_KEY_EVENT_STREAMS + 1)
+            ]
+            assert [s.status for s in opened[:-1]] == [200] * DEFAULT_KEY_EVENT_STREAMS
+            assert_over_quota(opened[-1], "event_streams")
             async with held_get(running, "/events", org.approver) as dashboard:
                 assert dashboard.status == 200
                 assert dashboard.headers["content-type"].startswith("text/event-stream")
