@@ -41,6 +41,7 @@ from run import (  # noqa: E402
     DEFAULT_PG_ADMIN_URL,
     METRICS_TOKEN,
     ORG,
+    UNLIMITED_KEY,
     Bench,
     Caller,
     Child,
@@ -160,7 +161,7 @@ async def count_effects(url: str) -> int:
 def start_proxy(url: str, upstream_url: str, workdir: Path, name: str) -> tuple[Child, str]:
     config = workdir / f"{name}.toml"
     config.write_text(
-        f'[[orgs]]\nid = "{ORG}"\n[[orgs.keys]]\nname = "bench"\nrole = "admin"\n'
+        UNLIMITED_KEY + f'[[orgs]]\nid = "{ORG}"\n[[orgs.keys]]\nname = "bench"\nrole = "admin"\n'
         f'key = "{API_KEY}"\n'
     )
     port = free_port()

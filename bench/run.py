@@ -56,6 +56,12 @@ SCENARIOS = ("direct", "forward", "new", "replay")
 API_KEY = "ul_bench_" + uuid.uuid4().hex
 METRICS_TOKEN = "bench_metrics_" + uuid.uuid4().hex  # /metrics on the main port needs it
 ORG = "bench"
+# The load generator is one key that means to flood: its quotas (services/quotas.py) are lifted
+# far past any rate measured, while their check still runs on every call.
+UNLIMITED_KEY = (
+    "[server]\nkey_calls_per_second = 1e9\nkey_call_burst = 1000000000\n"
+    "key_sessions_per_minute = 1000000000\n"
+)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DEFAULT_PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -417,7 +423,7 @@ async def measure_store(
     dbs = [d for d in (pg_db, anchor.db if anchor else None) if d]
     config = workdir / f"org-{store}.toml"
     config.write_text(
-        f'[[orgs]]\nid = "{ORG}"\n[[orgs.keys]]\nname = "bench"\nrole = "admin"\n'
+        UNLIMITED_KEY + f'[[orgs]]\nid = "{ORG}"\n[[orgs.keys]]\nname = "bench"\nrole = "admin"\n'
         f'key = "{API_KEY}"\n'
     )
     port = free_port()

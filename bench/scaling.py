@@ -46,7 +46,8 @@ async def _start(
 ) -> tuple[bench.Child, str]:
     config = workdir / f"org-w{count}.toml"
     config.write_text(
-        f'[[orgs]]\nid = "{bench.ORG}"\n[[orgs.keys]]\nname = "bench"\nrole = "admin"\n'
+        bench.UNLIMITED_KEY
+        + f'[[orgs]]\nid = "{bench.ORG}"\n[[orgs.keys]]\nname = "bench"\nrole = "admin"\n'
         f'key = "{bench.API_KEY}"\n'
     )
     port = bench.free_port()

@@ -169,6 +169,18 @@ def serve(
     auth_failure_window_seconds: float = typer.Option(
         None, help="The window of --auth-failure-limit, in seconds (default 60)"
     ),
+    key_calls_per_second: float = typer.Option(
+        None, help="Tool calls per API key per second, sustained, then 429 (default 50)"
+    ),
+    key_call_burst: int = typer.Option(
+        None, help="Tool calls per API key at once, over --key-calls-per-second (default 200)"
+    ),
+    key_sessions_per_minute: int = typer.Option(
+        None, help="New sessions per API key per minute, then 429 (default 120)"
+    ),
+    key_event_streams: int = typer.Option(
+        None, help="Event streams (GET /events) open at once per API key (default 10)"
+    ),
     dashboard_url: str = typer.Option(
         None, help="Base URL of the dashboard in webhook messages (default http://{host}:{port})"
     ),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -74,6 +75,12 @@ MAX_RETENTION_BATCH_SIZE = 10_000  # the engine's bound (engine/retention.py MAX
 DEFAULT_SPOOL_DIR = "./undolog-spool"
 DEFAULT_AUTH_FAILURE_LIMIT = 10
 DEFAULT_AUTH_FAILURE_WINDOW_SECONDS = 60.0
+# Quotas of each valid key, per process (services/quotas.py; README "Limits"): far above what
+# an agent driven by a model does, far below a flood.
+DEFAULT_KEY_CALLS_PER_SECOND = 50.0  # tool calls, sustained...
+DEFAULT_KEY_CALL_BURST = 200  # ...and at once
+DEFAULT_KEY_SESSIONS_PER_MINUTE = 120  # new sessions (as many at once)
+DEFAULT_KEY_EVENT_STREAMS = 10  # open at once; an org holds 100, its agent keys 75 of them
 
 
 @dataclass(frozen=True)
@@ -125,6 +132,11 @@ class Settings:
     # Failed key checks and sign-ins per client address within the window, before 429.
     auth_failure_limit: int = DEFAULT_AUTH_FAILURE_LIMIT
     auth_failure_window_seconds: float = DEFAULT_AUTH_FAILURE_WINDOW_SECONDS
+    # Quotas of each valid key, per process, then 429 rate_limited (services/quotas.py).
+    key_calls_per_second: float = DEFAULT_KEY_CALLS_PER_SECOND
+    key_call_burst: int = DEFAULT_KEY_CALL_BURST
+    key_sessions_per_minute: int = DEFAULT_KEY_SESSIONS_PER_MINUTE
+    key_event_streams: int = DEFAULT_KEY_EVENT_STREAMS
     # Webhooks (docs/notifications.md): links in messages start with `dashboard_url` (None:
     # this server's http://{host}:{port}); delivery attempts, their backoff and timeout.
     dashboard_url: str | None = None
@@ -163,6 +175,10 @@ _POSITIVE_FIELDS = (
     "webhook_max_attempts",
     "webhook_backoff_seconds",
     "webhook_backoff_max_seconds",
+    "key_calls_per_second",
+    "key_call_burst",
+    "key_sessions_per_minute",
+    "key_event_streams",
 )
 
 _TOP_LEVEL_KEYS = frozenset({"server", "orgs", "tools", "upstreams", "mcp"})
@@ -279,8 +295,8 @@ def load_settings(
         # The URL itself is not echoed: it could carry a password.
         raise ValueError(f"setting 'upstream_url' {problem}")
     for name in _POSITIVE_FIELDS:
-        if getattr(settings, name) <= 0:
-            raise ValueError(f"setting {name!r} must be greater than 0")
+        if not 0 < getattr(settings, name) < math.inf:  # NaN and infinity too
+            raise ValueError(f"setting {name!r} must be greater than 0 (and finite)")
     if settings.reserved_connections < 0:
         raise ValueError("setting 'reserved_connections' must be 0 or more")
     if not 1 <= settings.retention_batch_size <= MAX_RETENTION_BATCH_SIZE:

@@ -393,7 +393,8 @@ class DependentEffects(UndoLogError):
 
 
 class RateLimited(UndoLogError):
-    """Too many failed key checks or sign-ins from one client address."""
+    """Too many failed key checks or sign-ins from one client address, or a valid key over
+    one of its quotas (tool calls, new sessions, event streams: the body's `quota`)."""
 
     code = "rate_limited"
     http_status = 429

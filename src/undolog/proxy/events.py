@@ -15,12 +15,14 @@ from sse_starlette.event import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
 from starlette.responses import Response
 
+from undolog.engine.keys import Role
 from undolog.engine.pages import Pages
 from undolog.proxy import pages
 from undolog.proxy.inputs import event_id
 from undolog.proxy.owners import EventFilter, Owned, actor, hide_unowned
 from undolog.proxy.wire import error_body, iso, json_response
 from undolog.services.events import REPLAY_PAGE
+from undolog.services.quotas import STREAM_RETRY_AFTER_SECONDS
 from undolog.store import EventRecord
 
 if TYPE_CHECKING:
@@ -91,15 +93,21 @@ async def events(request: Request) -> Response:
     broker = runtime.broker
     after = _resume_from(request)
     await broker.catch_up()
-    sub = broker.subscribe(org_id)
+    # Raises `QuotaExceeded` (429 rate_limited) past the key's streams (services/quotas.py).
+    sub = broker.subscribe(
+        org_id, request.state.key_id, agent=request.state.role == Role.AGENT.value
+    )
     if sub is None:
+        retry = STREAM_RETRY_AFTER_SECONDS
         return json_response(
             error_body(
                 request.state.request_id,
                 "too_many_subscribers",
                 f"this organisation already has {broker.max_per_org} event streams open",
+                retry_after=retry,
             ),
             429,
+            {"Retry-After": str(retry)},
         )
     upto = broker.hwm  # the replay goes to here; the queue has everything after it
     seen_by = EventFilter(runtime.store, org_id, actor(request))  # an agent: its sessions'

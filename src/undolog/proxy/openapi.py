@@ -41,7 +41,8 @@ _MEANING = {
     404: "not_found (or not visible to this key)",
     409: "conflict with the current state (error-codes reference)",
     413: "payload_too_large: the body exceeds max_body_bytes",
-    429: "rate_limited: too many failed credentials from this address (Retry-After)",
+    429: "rate_limited: too many failed credentials from this address, or the key is over a "
+    "quota (`quota`: calls, new_sessions, event_streams); Retry-After",
     502: "the tool server or a compensation failed",
     503: "the store is unavailable or busy (Retry-After when it has one)",
 }

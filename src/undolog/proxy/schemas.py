@@ -89,6 +89,9 @@ class ErrorBody(BaseModel):
     message: str
     timestamp: str = Field(description="RFC 3339, UTC")
     retry_after: int | None = Field(None, description="seconds; also the Retry-After header")
+    quota: str | None = Field(
+        None, description="rate_limited by the key's quota: calls, new_sessions, event_streams"
+    )
 
 
 class Health(BaseModel):

@@ -26,6 +26,7 @@ from undolog.faults import crash_point
 from undolog.logs import LazyLog
 from undolog.services import tracing
 from undolog.services.executor import ToolTransportError, ToolUnreachable
+from undolog.services.quotas import session_exists
 from undolog_sdk.errors import (
     AdvisoryLockTimeout,
     CommitFailed,
@@ -167,6 +168,20 @@ async def run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcome
 async def _run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcome:
     context = {"request_id": request_id, "org_id": call.org_id, "session_id": call.session_id}
     log = LazyLog(runtime.log, context)
+    key_id = call.actor.key_id
+    if runtime.quotas is not None and key_id is not None:
+        # The key's calls and new sessions (services/quotas.py): in memory, no store round
+        # trip unless the key has no new-session tokens left.
+        try:
+            over = await runtime.quotas.admit(
+                key_id,
+                call.session_id,
+                lambda: session_exists(runtime.store, call.org_id, call.session_id),
+            )
+        except UndoLogError as exc:
+            return refused(exc, log)
+        if over is not None:
+            return CallOutcome(CallStatus.REFUSED, error=over)
     if call.step_index is None and call.mode == ExecutionMode.PROXY:
         await runtime.deliveries.settle(call.org_id, call.session_id)
     try:

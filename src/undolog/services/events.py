@@ -11,6 +11,10 @@ after another that took a higher id. The broker therefore only hands out ids up 
 *high-water mark*, the highest id below which it has seen every row; a hole is waited for up
 to `gap_grace_seconds` (a rolled-back insert leaves one forever) and then skipped. A client
 that resumes from an id the broker handed out therefore misses nothing.
+
+Streams are capped per org (`max_per_org`) and, so that one key cannot take them all, per key
+(`max_per_key`) with the org's agent keys together held to a share of them
+(`services/quotas.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from undolog.services.metrics import ProxyMetrics
+from undolog.services.quotas import check_streams
 from undolog.store import EventRecord, Store
 
 __all__ = ["REPLAY_PAGE", "EventBroker", "Subscriber", "stop_background"]
@@ -48,6 +53,8 @@ async def stop_background(task: asyncio.Task[None] | None, closers: list[Any]) -
 class Subscriber:
     org_id: str
     queue: asyncio.Queue[EventRecord]
+    key_id: str | None = None  # the API key that opened it (None: no key behind it)
+    agent: bool = False  # opened by an agent key
 
 
 @dataclass
@@ -56,6 +63,7 @@ class EventBroker:
     metrics: ProxyMetrics
     queue_size: int = 1000
     max_per_org: int = 100
+    max_per_key: int | None = None  # streams per API key (None: no cap but the org's)
     poll_seconds: float = 0.25
     gap_grace_seconds: float = 2.0
     hwm: int = 0
@@ -182,12 +190,28 @@ class EventBroker:
 
         return remove
 
-    def subscribe(self, org_id: str) -> Subscriber | None:
-        """A new subscriber, or None when the org already has `max_per_org`."""
+    def subscribe(
+        self, org_id: str, key_id: str | None = None, *, agent: bool = False
+    ) -> Subscriber | None:
+        """A new subscriber for `key_id` (an agent key: `agent`), or None when the org
+        already has `max_per_org`.
+
+        Raises:
+            QuotaExceeded: the key already holds `max_per_key` streams, or it is an agent key
+                and the org's agent keys hold their share (`services.quotas.check_streams`).
+        """
         subs = self._subscribers.setdefault(org_id, set())
         if len(subs) >= self.max_per_org:
             return None
-        sub = Subscriber(org_id, asyncio.Queue(self.queue_size))
+        if key_id is not None:
+            check_streams(
+                ((s.key_id, s.agent) for s in subs),
+                key_id,
+                agent=agent,
+                max_per_key=self.max_per_key,
+                org_cap=self.max_per_org,
+            )
+        sub = Subscriber(org_id, asyncio.Queue(self.queue_size), key_id, agent)
         subs.add(sub)
         self.metrics.sse_subscribers.labels(org_id).set(len(subs))
         return sub

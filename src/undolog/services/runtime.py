@@ -23,6 +23,7 @@ from undolog.services.executor import ToolExecutor
 from undolog.services.held import HeldResults
 from undolog.services.lease import LeaseKeeper
 from undolog.services.metrics import ProxyMetrics
+from undolog.services.quotas import KeyQuotas
 from undolog.services.waits import Waits
 from undolog.services.webhooks import WebhookSender, subscriptions
 from undolog.store import Store, open_store
@@ -66,6 +67,7 @@ class Runtime:
     gateway_prefixes: tuple[str, ...] = ()
     webhooks: WebhookSender | None = None  # started by the app with the sweeps
     waits: Waits | None = None  # long waits (GET /approvals/{id}?wait=N), on the broker
+    quotas: KeyQuotas | None = None  # each key's calls and new sessions (None: not counted)
 
     def config_owner(self, org_id: str, tool_name: str) -> str | None:
         """Who sets this tool's tier, if not the API: `config` ([[tools]]) or `mcp`."""
@@ -208,7 +210,7 @@ async def open_runtime(
         )
     proxy_metrics = metrics or ProxyMetrics.create()
     leases = LeaseKeeper(engine, settings.lease_seconds)
-    broker = EventBroker(store, proxy_metrics)
+    broker = EventBroker(store, proxy_metrics, max_per_key=settings.key_event_streams)
     return Runtime(
         store=store,
         engine=engine,
@@ -235,6 +237,11 @@ async def open_runtime(
         gateway_prefixes=tuple(f"{u.name}." for u in settings.mcp.upstreams),
         webhooks=webhook_sender(store, settings),
         waits=Waits(broker),
+        quotas=KeyQuotas(
+            calls_per_second=settings.key_calls_per_second,
+            call_burst=settings.key_call_burst,
+            sessions_per_minute=settings.key_sessions_per_minute,
+        ),
     )
 
 
