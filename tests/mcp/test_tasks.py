@@ -283,6 +283,9 @@ def keys(tmp_path: Path, gateway_store: str) -> Iterator[Keys]:
     from undolog.proxy import create_app
 
     org_id, other = (f"org-{secrets.token_hex(6)}" for _ in range(2))
+    upstreams = [
+        {**u, "orgs": [org_id]} for u in gateway_config(tmp_path / "memory.jsonl")["upstreams"]
+    ]
     admin, agent_a, agent_b, other_admin = (
         "ul_test_" + secrets.token_urlsafe(18) for _ in range(4)
     )
@@ -305,9 +308,7 @@ def keys(tmp_path: Path, gateway_store: str) -> Iterator[Keys]:
                 keys=(KeyConfig(name="admin", role="admin", key_hash=hash_api_key(other_admin)),),
             ),
         ),
-        mcp=parse_mcp_settings(
-            {"approval_wait_seconds": 0, **gateway_config(tmp_path / "memory.jsonl")}
-        ),
+        mcp=parse_mcp_settings({"approval_wait_seconds": 0, "upstreams": upstreams}),
     )
     server = ThreadServer(create_app(settings)).start()
     try:
