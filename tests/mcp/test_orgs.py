@@ -23,6 +23,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import INVALID_PARAMS, ToolAnnotations
 
 from tests.mcp.conftest import Gateway, gateway_config, text_of
+from tests.mcp.test_resources_prompts import _notes_app as _resource_notes_app
 from tests.proxy.conftest import role_keys
 from tests.support.servers import ThreadServer
 from undolog.config import OrgConfig, Settings
@@ -124,6 +125,33 @@ async def test_another_orgs_upstream_is_neither_listed_nor_called(tmp_path: Path
             )
             assert called.status_code == 404, called.text
         assert a.entities() == ["a-note"]
+
+
+@pytest.mark.security
+async def test_another_orgs_resources_and_prompts_are_neither_listed_nor_read(
+    tmp_path: Path,
+) -> None:
+    upstream = ThreadServer(_resource_notes_app()).start()
+    config = {"upstreams": [{"name": "notes", "url": f"{upstream.url}/mcp", "orgs": ["A"]}]}
+    try:
+        with two_orgs(config, tmp_path) as (a, b):
+            async with a.client() as client:
+                assert (await client.list_resources()).resources
+                assert (await client.read_resource("notes://ideas")).contents
+            async with b.client() as client:
+                assert (await client.list_resources()).resources == []
+                assert (await client.list_resource_templates()).resource_templates == []
+                assert (await client.list_prompts()).prompts == []
+                for ask in (
+                    client.read_resource("notes://ideas"),
+                    client.get_prompt("notes.summarize", {"name": "ideas"}),
+                ):
+                    with pytest.raises(MCPError) as refused:
+                        await ask
+                    assert refused.value.error.code == INVALID_PARAMS
+                    assert "a gateway for prompts" not in str(refused.value)
+    finally:
+        upstream.stop()
 
 
 @pytest.mark.security
