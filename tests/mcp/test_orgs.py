@@ -223,6 +223,7 @@ async def test_a_shared_http_upstream_is_told_the_calling_org_signed(tmp_path: P
                 "url": f"{upstream.url}/mcp",
                 "shared": True,
                 "secret": SECRET,
+                "headers": {"X-UndoLog-Org": "forged"},  # cannot stand in for the signed org
                 "tools": {
                     "write_note": {
                         "tier": "compensable",

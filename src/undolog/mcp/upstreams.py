@@ -238,7 +238,7 @@ class UpstreamPool:
             ToolTransportError: the upstream is not open to the org (nothing is sent), or it
                 could not be reached.
         """
-        del idempotency_key  # the effect id travels in `_meta` (and the signature covers it)
+        del idempotency_key  # MCP has no place for it; the effect id goes in `_meta`, signed
         upstream = self.upstreams.get(tool_name.partition(PREFIX_SEPARATOR)[0])
         if upstream is None or not upstream.allows(org_id):
             _log.warning("mcp_upstream_not_open", tool=tool_name, org_id=org_id)
