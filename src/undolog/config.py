@@ -29,7 +29,7 @@ from undolog.config_tables import (
     tools_from_toml,
     upstreams_from_toml,
 )
-from undolog.mcp.config import McpSettings, parse_mcp_settings
+from undolog.mcp.config import McpSettings, check_mcp_orgs, parse_mcp_settings
 from undolog.upstreams import check_upstream_url
 
 __all__ = [
@@ -278,7 +278,8 @@ def load_settings(
             tools = tools_from_toml(data)
             upstreams = upstreams_from_toml(data, env)
             check_tool_upstreams(tools, upstreams)
-            mcp = parse_mcp_settings(data.get("mcp"))
+            mcp = parse_mcp_settings(data.get("mcp"), env)
+            check_mcp_orgs(mcp, [org.org_id for org in orgs])
         except ValueError as exc:
             raise ValueError(f"config file {config_path}: {exc}") from None
         values["config"] = str(config_path)

@@ -108,3 +108,99 @@ def test_a_mapping_builds_compensation_args_from_the_forward_call() -> None:
 def test_a_mapping_that_does_not_match_is_an_error(path: str) -> None:
     with pytest.raises(MappingError):
         resolve_mapping({"v": path}, {"original_args": {"entities": []}, "x": 1})
+
+
+# -- orgs: an upstream belongs to the orgs it lists, or is shared on purpose ----------------------
+
+_TWO_ORGS = """
+[[orgs]]
+id = "acme"
+[[orgs]]
+id = "globex"
+"""
+
+_MEMORY = """
+[[mcp.upstreams]]
+name = "memory"
+command = "npx"
+"""
+
+
+@pytest.mark.security
+@pytest.mark.parametrize(
+    ("upstream", "message"),
+    [
+        ("", r"mcp.upstreams\[0\] \('memory'\) names no orgs, and the config declares 2 orgs"),
+        ('orgs = ["acme", "globex"]', r"mcp.upstreams\[0\] \('memory'\) is open to 2 orgs"),
+    ],
+    ids=["unscoped", "several orgs, not shared"],
+)
+def test_an_upstream_several_orgs_would_share_unknowingly_is_refused_at_start(
+    tmp_path: Path, upstream: str, message: str
+) -> None:
+    path = tmp_path / "undolog.toml"
+    path.write_text(_TWO_ORGS + _MEMORY + upstream + "\n")
+    with pytest.raises(ValueError, match=message) as refused:
+        load_settings({"config": str(path)}, env={})
+    assert "shared = true" in str(refused.value) and "orgs = [" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("orgs", "upstream"),
+    [
+        (_TWO_ORGS, 'orgs = ["acme"]'),
+        (_TWO_ORGS, "shared = true"),
+        (_TWO_ORGS, 'orgs = ["acme", "globex"]\nshared = true'),
+        ('[[orgs]]\nid = "acme"\n', ""),  # one org: it is that org's
+        ("", ""),
+    ],
+)
+def test_an_upstream_with_its_orgs_or_shared_is_accepted(
+    tmp_path: Path, orgs: str, upstream: str
+) -> None:
+    path = tmp_path / "undolog.toml"
+    path.write_text(orgs + _MEMORY + upstream + "\n")
+    (memory,) = load_settings({"config": str(path)}, env={}).mcp.upstreams
+    assert memory.allows("acme")
+    assert memory.allows("globex") == ("acme" not in memory.orgs or "globex" in memory.orgs)
+
+
+@pytest.mark.security
+def test_an_unscoped_upstream_with_several_orgs_is_refused_when_the_app_is_built(
+    tmp_path: Path,
+) -> None:
+    """Settings made in code skip `load_settings`: the proxy refuses them all the same."""
+    from undolog.config import OrgConfig, Settings
+    from undolog.proxy import create_app
+
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'undolog.db'}",
+        orgs=(OrgConfig(org_id="acme"), OrgConfig(org_id="globex")),
+        mcp=parse_mcp_settings({"upstreams": [{"name": "memory", "command": "npx"}]}),
+    )
+    with pytest.raises(ValueError, match="names no orgs"):
+        create_app(settings)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"name": "a", "command": "x", "orgs": "acme"}, r"orgs: expected a list"),
+        ({"name": "a", "command": "x", "orgs": []}, r"orgs: expected a list"),
+        ({"name": "a", "command": "x", "shared": "yes"}, r"shared: expected true or false"),
+        ({"name": "a", "command": "x", "secret": "s"}, r"a stdio upstream has no secret"),
+        ({"name": "a", "url": "http://x/mcp", "secret": ""}, r"secret: expected a non-empty"),
+    ],
+)
+def test_bad_orgs_shared_or_secret_keys_are_refused(raw: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_mcp_settings({"upstreams": [raw]})
+
+
+def test_an_http_upstreams_secret_may_come_from_the_environment() -> None:
+    raw = {"upstreams": [{"name": "a", "url": "http://x/mcp", "secret_env": "NOTES_SECRET"}]}
+    (upstream,) = parse_mcp_settings(raw, env={"NOTES_SECRET": "s3cret"}).upstreams
+    assert upstream.secret == "s3cret"
+    assert "s3cret" not in repr(upstream)
+    with pytest.raises(ValueError, match="NOTES_SECRET is not set"):
+        parse_mcp_settings(raw, env={})

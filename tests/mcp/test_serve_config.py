@@ -115,6 +115,10 @@ async def test_serve_puts_the_config_files_mcp_upstreams_behind_mcp(serve: Proce
         ("[[mcp.upstreams]]\nname = 'time'\ntransport = 'stdio'\n", "needs a command"),
         (_TIME_UPSTREAM.replace('name = "time"', 'name = "t.ime"'), "mcp.upstreams[0].name"),
         ("[mcp]\nupstream = []\n", "mcp: unknown keys ['upstream']"),
+        (
+            "[[orgs]]\nid = 'globex'\n" + _TIME_UPSTREAM,
+            "mcp.upstreams[0] ('time') names no orgs, and the config declares 2 orgs",
+        ),
     ],
     ids=[
         "unknown tier",
@@ -122,6 +126,7 @@ async def test_serve_puts_the_config_files_mcp_upstreams_behind_mcp(serve: Proce
         "stdio without command",
         "dotted name",
         "misspelt key",
+        "no orgs with two orgs",
     ],
 )
 def test_serve_with_a_bad_mcp_table_exits_naming_the_problem_and_changes_nothing(

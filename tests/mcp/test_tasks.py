@@ -283,6 +283,9 @@ def keys(tmp_path: Path, gateway_store: str) -> Iterator[Keys]:
     from undolog.proxy import create_app
 
     org_id, other = (f"org-{secrets.token_hex(6)}" for _ in range(2))
+    upstreams = [
+        {**u, "orgs": [org_id]} for u in gateway_config(tmp_path / "memory.jsonl")["upstreams"]
+    ]
     admin, agent_a, agent_b, other_admin = (
         "ul_test_" + secrets.token_urlsafe(18) for _ in range(4)
     )
@@ -305,9 +308,7 @@ def keys(tmp_path: Path, gateway_store: str) -> Iterator[Keys]:
                 keys=(KeyConfig(name="admin", role="admin", key_hash=hash_api_key(other_admin)),),
             ),
         ),
-        mcp=parse_mcp_settings(
-            {"approval_wait_seconds": 0, **gateway_config(tmp_path / "memory.jsonl")}
-        ),
+        mcp=parse_mcp_settings({"approval_wait_seconds": 0, "upstreams": upstreams}),
     )
     server = ThreadServer(create_app(settings)).start()
     try:
@@ -335,6 +336,26 @@ async def test_a_task_is_found_only_by_its_own_org_and_agent_key(keys: Keys) -> 
             assert (await a.send("tasks/get", {"taskId": unknown}))["error"]["code"] == NOT_FOUND
     async with raw(keys.url, keys.admin) as admin:  # an org-wide key sees the org's tasks
         assert (await admin.get(task_id))["status"] == "input_required"
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("gateway_store", ["sqlite", "postgres"], indirect=True)
+async def test_a_malformed_task_id_is_not_found_never_an_internal_error(gateway: Gateway) -> None:
+    # A NUL byte reached PostgreSQL, which refuses it in text: -32603 "internal error".
+    real = str(uuid.uuid4())
+    malformed = ["\x00", real + "\x00", real[:8] + "\x00" + real[9:], "\u00e9" * 36, "x" * 10_000,
+                 "{" + real + "}", "urn:uuid:" + real, real.replace("-", "")]  # fmt: skip
+    async with raw(gateway.url, gateway.api_key) as client:
+        for method in ("tasks/get", "tasks/result"):
+            for task_id in malformed:
+                refused = await client.send(method, {"taskId": task_id})
+                assert refused["error"]["code"] == NOT_FOUND, (method, task_id[:20], refused)
+                assert "not found" in refused["error"]["message"].lower()
+            for not_a_string in (None, 5, [], {}):
+                refused = await client.send(method, {"taskId": not_a_string})
+                assert refused["error"]["code"] == NOT_FOUND, (method, not_a_string, refused)
+            missing = await client.send(method, {})
+            assert missing["error"]["code"] == NOT_FOUND, (method, missing)
 
 
 # -- durable: any process, after a restart -----------------------------------------------------

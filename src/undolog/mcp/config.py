@@ -11,6 +11,7 @@ transport = "stdio"              # or "http" (Streamable HTTP), with url and hea
 command = "npx"
 args = ["-y", "@modelcontextprotocol/server-memory"]
 env = { MEMORY_FILE_PATH = "/var/lib/agent/memory.jsonl" }
+orgs = ["acme"]                  # the orgs that may see and call its tools
 
 [mcp.upstreams.tools.create_entities]
 tier = "compensable"
@@ -22,14 +23,22 @@ A tool's tier is the config's when it names one. Otherwise it follows the tool's
 (`readOnlyHint` → safe, anything else → irreversible): annotations come from the upstream,
 which may not be trusted, so they can only ever make a tool *stricter* than safe by default,
 and the config always wins. Parsing is pure: it raises `ValueError` naming the bad key.
+
+An upstream belongs to the orgs it lists (`orgs`). One that lists none is open to every org,
+which `check_mcp_orgs` allows only where the config declares at most one org, unless the
+upstream is marked `shared = true`: the operator's word that the server keeps orgs apart itself,
+by the org UndoLog passes it (a signed `X-UndoLog-Org` over HTTP, with the upstream's `secret`;
+`UNDOLOG_ORG` in the environment of a process of its own over stdio; docs/mcp.md, "Orgs").
+Listing several orgs is sharing too, and needs `shared = true` as well.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from undolog.webhook_config import read_secret
 from undolog_sdk.tier import TIER_VALUES, ToolTier, check_compensation_integer
 
 __all__ = [
@@ -37,17 +46,20 @@ __all__ = [
     "McpSettings",
     "McpToolPolicy",
     "McpUpstream",
+    "check_mcp_orgs",
     "parse_mcp_settings",
     "tier_for",
 ]
 
 TRANSPORTS = ("stdio", "http")
 PREFIX_SEPARATOR = "."
+ORG_PLACEHOLDER = "{org}"  # in a stdio upstream's args, env values and cwd: the calling org
 
 DEFAULT_APPROVAL_WAIT_SECONDS = 50
 _MCP_KEYS = frozenset({"allowed_origins", "approval_url", "approval_wait_seconds", "upstreams"})
 _UPSTREAM_KEYS = frozenset(
     {"name", "transport", "command", "args", "env", "cwd", "url", "headers", "tools"}
+    | {"orgs", "shared", "secret", "secret_env"}
 )
 _TOOL_KEYS = frozenset({"tier", "compensation"})
 _COMPENSATION_KEYS = frozenset({"tool", "args", "max_retries", "retry_backoff_ms"})
@@ -76,7 +88,12 @@ class McpToolPolicy:
 
 @dataclass(frozen=True)
 class McpUpstream:
-    """One upstream MCP server, reached over stdio (a child process) or Streamable HTTP."""
+    """One upstream MCP server, reached over stdio (a child process) or Streamable HTTP.
+
+    `orgs` empty: open to every org; otherwise only to the listed ones. `shared`: serves
+    several orgs and keeps them apart itself. `secret`: an HTTP upstream's key for
+    `X-UndoLog-Signature` (None: one made up per process, which no server can verify).
+    """
 
     name: str
     transport: str
@@ -87,9 +104,16 @@ class McpUpstream:
     url: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     tools: Mapping[str, McpToolPolicy] = field(default_factory=dict)
+    orgs: tuple[str, ...] = ()
+    shared: bool = False
+    secret: str | None = field(default=None, repr=False)
 
     def prefixed(self, tool: str) -> str:
         return f"{self.name}{PREFIX_SEPARATOR}{tool}"
+
+    def allows(self, org_id: str) -> bool:
+        """Whether `org_id` may see and call this upstream's tools, prompts and resources."""
+        return not self.orgs or org_id in self.orgs
 
 
 @dataclass(frozen=True)
@@ -166,7 +190,19 @@ def _tool_policy(where: str, raw: Any) -> McpToolPolicy:
     return McpToolPolicy(tier=tier, compensation=parsed)
 
 
-def _upstream(where: str, raw: Any) -> McpUpstream:
+def _orgs(where: str, raw: Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:
+    orgs = raw.get("orgs", None)
+    if orgs is not None and (
+        not isinstance(orgs, list) or not orgs or not all(isinstance(o, str) and o for o in orgs)
+    ):
+        raise ValueError(f"{where}.orgs: expected a list of org ids (leave it out: every org)")
+    shared = raw.get("shared", False)
+    if not isinstance(shared, bool):
+        raise ValueError(f"{where}.shared: expected true or false")
+    return tuple(dict.fromkeys(orgs or ())), shared
+
+
+def _upstream(where: str, raw: Any, env: Mapping[str, str]) -> McpUpstream:
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: expected a table")
     _unknown(where, raw, _UPSTREAM_KEYS)
@@ -191,6 +227,12 @@ def _upstream(where: str, raw: Any) -> McpUpstream:
     if not isinstance(tools_raw, dict):
         raise ValueError(f"{where}.tools: expected a table of tables")
     tools = {t: _tool_policy(f"{where}.tools.{t}", p) for t, p in tools_raw.items()}
+    orgs, shared = _orgs(where, raw)
+    if transport == "stdio" and ("secret" in raw or "secret_env" in raw):
+        raise ValueError(
+            f"{where}: a stdio upstream has no secret: it is told its org in its environment "
+            "(UNDOLOG_ORG), by a process of its own per org"
+        )
     return McpUpstream(
         name=name,
         transport=transport,
@@ -201,11 +243,17 @@ def _upstream(where: str, raw: Any) -> McpUpstream:
         url=url,
         headers=_str_map(f"{where}.headers", raw.get("headers", {})),
         tools=tools,
+        orgs=orgs,
+        shared=shared,
+        secret=read_secret(where, raw, env),
     )
 
 
-def parse_mcp_settings(raw: Any) -> McpSettings:
-    """Parse the `[mcp]` table (None: no gateway upstreams). Raises `ValueError`."""
+def parse_mcp_settings(raw: Any, env: Mapping[str, str] | None = None) -> McpSettings:
+    """Parse the `[mcp]` table (None: no gateway upstreams). Raises `ValueError`.
+
+    `env` holds the variables `secret_env` names (default: none).
+    """
     if raw is None:
         return McpSettings()
     if not isinstance(raw, dict):
@@ -214,7 +262,8 @@ def parse_mcp_settings(raw: Any) -> McpSettings:
     items = raw.get("upstreams", [])
     if not isinstance(items, list):
         raise ValueError("'mcp.upstreams' must be an array of tables ([[mcp.upstreams]])")
-    upstreams = tuple(_upstream(f"mcp.upstreams[{n}]", item) for n, item in enumerate(items))
+    env = {} if env is None else env
+    upstreams = tuple(_upstream(f"mcp.upstreams[{n}]", item, env) for n, item in enumerate(items))
     names = [u.name for u in upstreams]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -234,3 +283,35 @@ def parse_mcp_settings(raw: Any) -> McpSettings:
         approval_url=approval_url,
         approval_wait_seconds=wait,
     )
+
+
+def check_mcp_orgs(settings: McpSettings, org_ids: Collection[str]) -> None:
+    """Refuse an upstream that several orgs would share without the operator saying so.
+
+    Args:
+        org_ids: the orgs the config declares.
+
+    Raises:
+        ValueError: an upstream with no `orgs` where the config declares several orgs, or one
+            listing several orgs, and not marked `shared = true`.
+    """
+    declared = sorted(set(org_ids))
+    for n, upstream in enumerate(settings.upstreams):
+        if upstream.shared:
+            continue
+        where = f"mcp.upstreams[{n}] ({upstream.name!r})"
+        remedy = (
+            'list the org that may use it (orgs = ["..."]; one upstream per org), or mark it '
+            "shared = true if the server keeps orgs apart itself by the org UndoLog passes it "
+            '(docs/mcp.md, "Orgs")'
+        )
+        if not upstream.orgs and len(declared) > 1:
+            raise ValueError(
+                f"{where} names no orgs, and the config declares {len(declared)} orgs "
+                f"({', '.join(declared)}): every org would see and call the same server; " + remedy
+            )
+        if len(upstream.orgs) > 1:
+            raise ValueError(
+                f"{where} is open to {len(upstream.orgs)} orgs ({', '.join(upstream.orgs)}), "
+                "which would see and call the same server; " + remedy
+            )

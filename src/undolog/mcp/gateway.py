@@ -6,6 +6,10 @@ to the modern single-exchange path, anything else to the handshake era (2025-11-
 server-side sessions. Every request has already passed the proxy's edge, so it carries the API
 key's org in `scope["state"]["org_id"]`.
 
+Upstreams belong to orgs (docs/mcp.md, "Orgs"): every handler works on the calling org's view
+of them (`UpstreamPool.for_org`), so an org lists, calls, reads and gets only through the
+upstreams open to it, and each upstream is told which org is asking.
+
 `tools/list` merges the upstreams' tools under their prefixes. `tools/call` goes through the
 engine like any call: the session comes from the `X-UndoLog-Session-Id` header (or the
 `undolog/session_id` key of `_meta`), the engine assigns the step, and:
@@ -46,8 +50,9 @@ from `tasks/result` (`undolog.mcp.tasks`).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -81,7 +86,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 import undolog
 from undolog.engine import Decision
-from undolog.mcp.config import McpSettings
+from undolog.mcp.config import McpSettings, check_mcp_orgs
 from undolog.mcp.errors import mapped, same_origin
 from undolog.mcp.link import Capability
 from undolog.mcp.requests import (
@@ -99,7 +104,7 @@ from undolog.mcp.requests import (
 )
 from undolog.mcp.results import awaiting, awaiting_text, recorded_result, refusal, with_meta
 from undolog.mcp.tasks import TASK_CALL_KEY, McpTasks, TaskCall, TaskServer
-from undolog.mcp.upstreams import GatewayTool, UpstreamPool
+from undolog.mcp.upstreams import GatewayTool, OrgUpstreams, UpstreamPool
 from undolog.services.calls import Call, CallOutcome, CallStatus, refused, run_call
 from undolog.services.decisions import wait_for_decision
 from undolog.services.delivery import AnswerWatch, Delivery
@@ -124,11 +129,25 @@ APPROVAL_INPUT = "undolog_approval"  # the key of our request in an `input_requi
 # Tools a handshake-era client may call as tasks (`tools/list`, `execution.taskSupport`).
 TASK_OPTIONAL = ToolExecution(task_support="optional")
 
+# The org of the request being handled, for the one hook the MCP server calls without a request
+# context (`get_tool_input_schema`): a tool's schema is looked up among the caller's tools.
+_CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("mcp_caller", default=None)
+
 
 class McpGateway:
     """The `/mcp` ASGI endpoint; `serving(runtime)` runs it inside the proxy's lifespan."""
 
-    def __init__(self, settings: McpSettings, *, timeout_seconds: float) -> None:
+    def __init__(
+        self, settings: McpSettings, *, timeout_seconds: float, org_ids: Iterable[str] = ()
+    ) -> None:
+        """`org_ids`: the config's orgs, whose upstreams are connected at start.
+
+        Raises:
+            ValueError: an upstream several orgs would share unknowingly (`check_mcp_orgs`):
+                settings built in code are refused as a config file is.
+        """
+        self._org_ids = tuple(org_ids)
+        check_mcp_orgs(settings, self._org_ids)
         self.settings = settings
         self.pool = UpstreamPool(settings.upstreams, timeout_seconds=timeout_seconds)
         self.tasks = McpTasks(settings.approval_url)
@@ -158,7 +177,7 @@ class McpGateway:
     @contextlib.asynccontextmanager
     async def serving(self, runtime: Runtime) -> AsyncIterator[None]:
         """Connect the upstreams, route their tools from the executor, serve `/mcp`."""
-        await self.pool.start()
+        await self.pool.start(self._org_ids)
         routed = bool(self.pool.upstreams)  # no upstreams: keep the executor's path bare
         if routed:
             runtime.executor.routers.append(self.pool)
@@ -206,6 +225,10 @@ class McpGateway:
             return
         if self._manager is None or self._runtime is None:  # pragma: no cover - lifespan
             raise RuntimeError("the MCP gateway is not running")
+        org_id = scope.get("state", {}).get("org_id")
+        if org_id is not None:
+            _CALLER.set(org_id)  # this request's task (and those it starts) only
+            await self.pool.for_org(org_id).ready()  # an org's first request connects it
         self._advertise()
         if scope["method"] != "POST":
             await self._manager.handle_request(scope, receive, send)
@@ -251,15 +274,23 @@ class McpGateway:
 
     # -- MCP handlers --------------------------------------------------------------------------
 
+    def _upstreams(self, ctx: ServerRequestContext[Any]) -> OrgUpstreams:
+        """The calling org's upstreams."""
+        org_id = request_state(ctx).get("org_id")
+        if org_id is None:
+            raise MCPError(INVALID_REQUEST, "the gateway is not serving this request")
+        return self.pool.for_org(str(org_id))
+
     def _input_schema(self, name: str) -> dict[str, Any] | None:
-        tool = self.pool.get(name)
+        org_id = _CALLER.get()
+        tool = self.pool.for_org(org_id).get(name) if org_id is not None else None
         return tool.tool.input_schema if tool is not None else None
 
     @mapped
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
-        tools = [t.tool for t in await self.pool.refresh_tools()]
+        tools = [t.tool for t in await self._upstreams(ctx).refresh_tools()]
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
             tools = [t.model_copy(update={"execution": TASK_OPTIONAL}) for t in tools]
         return ListToolsResult(tools=tools)
@@ -271,32 +302,32 @@ class McpGateway:
     async def _list_resources(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListResourcesResult:
-        return ListResourcesResult(resources=await self.pool.list_resources())
+        return ListResourcesResult(resources=await self._upstreams(ctx).list_resources())
 
     @mapped
     async def _list_templates(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListResourceTemplatesResult:
-        templates = await self.pool.list_resource_templates()
+        templates = await self._upstreams(ctx).list_resource_templates()
         return ListResourceTemplatesResult(resource_templates=templates)
 
     @mapped
     async def _read_resource(
         self, ctx: ServerRequestContext[Any], params: ReadResourceRequestParams
     ) -> ReadResourceResult:
-        return await self.pool.read_resource(params.uri)
+        return await self._upstreams(ctx).read_resource(params.uri)
 
     @mapped
     async def _list_prompts(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListPromptsResult:
-        return ListPromptsResult(prompts=await self.pool.list_prompts())
+        return ListPromptsResult(prompts=await self._upstreams(ctx).list_prompts())
 
     @mapped
     async def _get_prompt(
         self, ctx: ServerRequestContext[Any], params: GetPromptRequestParams
     ) -> GetPromptResult:
-        return await self.pool.get_prompt(params.name, params.arguments)
+        return await self._upstreams(ctx).get_prompt(params.name, params.arguments)
 
     @mapped
     async def _call_tool(
@@ -308,12 +339,13 @@ class McpGateway:
         org_id = state.get("org_id")
         if runtime is None or org_id is None:
             raise MCPError(INVALID_REQUEST, "the gateway is not serving this request")
-        tool = self.pool.get(params.name)
+        upstreams = self.pool.for_org(org_id)  # another org's upstream's tool is unknown here
+        tool = upstreams.get(params.name)
         if tool is None:
-            await self.pool.refresh_tools()
-            tool = self.pool.get(params.name)
+            await upstreams.refresh_tools()
+            tool = upstreams.get(params.name)
         if tool is None:
-            down = self.pool.unavailable(params.name)  # probably a real tool: nothing is recorded
+            down = upstreams.unavailable(params.name)  # probably a real tool: nothing is recorded
             if down is not None:
                 return refusal(ToolError(down))
             raise MCPError(INVALID_PARAMS, f"Unknown tool: {params.name}")
@@ -322,7 +354,7 @@ class McpGateway:
         if session_id is None:
             if tool.tier == ToolTier.SAFE.value:  # a read needs no session: nothing is recorded
                 try:
-                    return await self.pool.call_upstream(tool.name, args)
+                    return await upstreams.call_upstream(tool.name, args)
                 except ToolTransportError as exc:
                     return refusal(ToolError(str(exc)))
             raise MCPError(

@@ -1,5 +1,13 @@
-"""One upstream MCP server's connection (`_Link`), and the helpers the pool lists and routes
-with: paging, capability checks, URI-template matching, and the errors it answers.
+"""One upstream MCP server's connection for one org (`_Link`), and the helpers the pool lists
+and routes with: paging, capability checks, URI-template matching, and the errors it answers.
+
+A link carries its org (docs/mcp.md, "Orgs"). Over Streamable HTTP, every request is signed as
+the HTTP tool servers' calls are (`undolog.upstreams.signed_headers`, docs/upstreams.md), over
+the method, the path, the body, the tool (a `tools/call`'s tool name, else the JSON-RPC method)
+and the effect id a recorded `tools/call` carries in `_meta["undolog/effect_id"]` (`-` for
+any other request). Over stdio,
+each org has a process of its own, started with `UNDOLOG_ORG` in its environment and `{org}`
+replaced by the org id in its args, env values and cwd.
 
 Private to `undolog.mcp` (see `upstreams.py` for the pool that uses them).
 """
@@ -9,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
 
 import httpx2
+import orjson
 import structlog
 from mcp import Client, InvalidUriTemplate, MCPError, StdioServerParameters, UriTemplate
 from mcp.client.streamable_http import streamable_http_client
@@ -35,8 +45,9 @@ from mcp_types import (
     Tool,
 )
 
-from undolog.mcp.config import McpUpstream
+from undolog.mcp.config import ORG_PLACEHOLDER, McpUpstream
 from undolog.services.executor import ToolUnreachable
+from undolog.upstreams import signed_headers
 
 _log = structlog.get_logger("undolog.mcp")
 
@@ -45,6 +56,11 @@ _Page = TypeVar(
     "_Page", ListToolsResult, ListResourcesResult, ListResourceTemplatesResult, ListPromptsResult
 )
 _Answer = TypeVar("_Answer", ReadResourceResult, GetPromptResult)
+
+EFFECT_META_KEY = "undolog/effect_id"  # a recorded call's effect id, in the request's `_meta`
+ORG_ENV = "UNDOLOG_ORG"  # a stdio upstream's org, in its process's environment
+# An org id put into a command line or a path (`{org}`): no separators, no `..`.
+_PLAIN_ORG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 
 def _error_result(message: str) -> CallToolResult:
@@ -133,38 +149,118 @@ def _unstamped(result: _Answer) -> _Answer:
     return result.model_copy(update={"meta": rest or None})
 
 
-async def _open_client(
-    upstream: McpUpstream, stack: contextlib.AsyncExitStack, timeout_seconds: float
-) -> Client:
-    """Enter a client for the upstream on `stack`."""
-    if upstream.transport == "stdio":
-        assert upstream.command is not None
-        params = StdioServerParameters(
-            command=upstream.command,
-            args=list(upstream.args),
-            env=dict(upstream.env) if upstream.env is not None else None,
-            cwd=upstream.cwd,
+def _signed_fields(request: httpx2.Request) -> tuple[str, str, bytes]:
+    """What a request to an HTTP upstream is signed over besides the org, method and path:
+    the tool (a `tools/call`'s tool name, else the JSON-RPC method, else `-`), the effect id a
+    recorded call carries in `params._meta` (else `-`), and the body sent."""
+    try:
+        body = request.content
+        message = orjson.loads(body) if body else None
+    except (httpx2.RequestNotRead, orjson.JSONDecodeError):
+        return "-", "-", b""
+    if not isinstance(message, dict):
+        return "-", "-", body
+    params = message.get("params")
+    params = params if isinstance(params, dict) else {}
+    meta = params.get("_meta")
+    effect = meta.get(EFFECT_META_KEY) if isinstance(meta, dict) else None
+    method, name = message.get("method"), params.get("name")
+    tool = name if method == "tools/call" and isinstance(name, str) else method
+    tool = tool if isinstance(tool, str) and tool and "\n" not in tool else "-"
+    return tool, effect if isinstance(effect, str) and effect else "-", body
+
+
+def _signer(secret: str, org_id: str) -> Callable[[httpx2.Request], Awaitable[None]]:
+    """A request hook signing every request to an HTTP upstream for `org_id`: after the
+    configured `headers`, so a configured header cannot stand in for the org."""
+
+    async def sign(request: httpx2.Request) -> None:
+        tool, effect_id, body = _signed_fields(request)
+        request.headers.update(
+            signed_headers(
+                secret,
+                org_id=org_id,
+                method=request.method,
+                path=request.url.path,
+                tool=tool,
+                body=body,
+                effect_id=effect_id,
+            )
         )
+
+    return sign
+
+
+def _for_org(value: str, org_id: str) -> str:
+    return value.replace(ORG_PLACEHOLDER, org_id)
+
+
+def _stdio_params(upstream: McpUpstream, org_id: str) -> StdioServerParameters:
+    """The org's process: `{org}` filled in, `UNDOLOG_ORG` set.
+
+    Raises:
+        ToolUnreachable: `{org}` is used and the org id is not plain enough for a command
+            line or a path.
+    """
+    assert upstream.command is not None
+    values = [*upstream.args, *(upstream.env or {}).values(), upstream.cwd or ""]
+    if any(ORG_PLACEHOLDER in v for v in values) and not _PLAIN_ORG.fullmatch(org_id):
+        raise ToolUnreachable(
+            f"MCP upstream '{upstream.name}' puts the org in its command line or paths, and "
+            "this org's id is not only letters, digits and _ . -"
+        )
+    env = {k: _for_org(v, org_id) for k, v in (upstream.env or {}).items()}
+    return StdioServerParameters(
+        command=upstream.command,
+        args=[_for_org(a, org_id) for a in upstream.args],
+        env={**env, ORG_ENV: org_id},
+        cwd=_for_org(upstream.cwd, org_id) if upstream.cwd is not None else None,
+    )
+
+
+async def _open_client(
+    upstream: McpUpstream,
+    org_id: str,
+    secret: str,
+    stack: contextlib.AsyncExitStack,
+    timeout_seconds: float,
+) -> Client:
+    """Enter a client for the upstream, on behalf of `org_id`, on `stack`."""
+    if upstream.transport == "stdio":
+        params = _stdio_params(upstream, org_id)
         return await stack.enter_async_context(Client(params, read_timeout_seconds=timeout_seconds))
     assert upstream.url is not None
     # The client does not close an HTTP client it was given: the stack does.
     http = await stack.enter_async_context(
-        httpx2.AsyncClient(headers=dict(upstream.headers), timeout=timeout_seconds)
+        httpx2.AsyncClient(
+            headers=dict(upstream.headers),
+            timeout=timeout_seconds,
+            event_hooks={"request": [_signer(secret, org_id)]},
+        )
     )
     transport = streamable_http_client(upstream.url, http_client=http)
     return await stack.enter_async_context(Client(transport, read_timeout_seconds=timeout_seconds))
 
 
 class _Link:
-    """One upstream's connection, held open by a task of its own.
+    """One upstream's connection for one org, held open by a task of its own.
 
     The client's transport runs background tasks; if the upstream goes away they fail, and
     that failure must end this task, not the proxy's lifespan. A lost link is opened again
     by the next call that needs it.
     """
 
-    def __init__(self, upstream: McpUpstream, timeout_seconds: float, retry_seconds: float) -> None:
+    def __init__(
+        self,
+        upstream: McpUpstream,
+        org_id: str,
+        secret: str,
+        timeout_seconds: float,
+        retry_seconds: float,
+    ) -> None:
         self.upstream = upstream
+        self.org_id = org_id
+        self._secret = secret
         self.timeout_seconds = timeout_seconds
         self.retry_seconds = retry_seconds
         self.client: Client | None = None
@@ -196,7 +292,8 @@ class _Link:
                 raise ToolUnreachable(self.unavailable())
             ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
             self._stop = asyncio.Event()
-            self._task = asyncio.create_task(self._hold(ready), name=f"mcp-{self.upstream.name}")
+            name = f"mcp-{self.upstream.name}-{self.org_id}"
+            self._task = asyncio.create_task(self._hold(ready), name=name)
             try:
                 client = await ready
             except Exception as exc:
@@ -206,13 +303,16 @@ class _Link:
                 _log.warning(
                     "mcp_upstream_unreachable",
                     upstream=self.upstream.name,
+                    org_id=self.org_id,
                     transport=self.upstream.transport,
                     error=self.error,
                     retry_seconds=self.retry_seconds,
                 )
                 raise ToolUnreachable(self.unavailable()) from None
             if self.error is not None:
-                _log.info("mcp_upstream_reconnected", upstream=self.upstream.name)
+                _log.info(
+                    "mcp_upstream_reconnected", upstream=self.upstream.name, org_id=self.org_id
+                )
             self.error = None
             self.capabilities = client.server_capabilities
             return client
@@ -226,14 +326,21 @@ class _Link:
     async def _hold(self, ready: asyncio.Future[Client]) -> None:
         try:
             async with contextlib.AsyncExitStack() as stack:
-                self.client = await _open_client(self.upstream, stack, self.timeout_seconds)
+                self.client = await _open_client(
+                    self.upstream, self.org_id, self._secret, stack, self.timeout_seconds
+                )
                 ready.set_result(self.client)
                 await self._stop.wait()
         except Exception as exc:
             if not ready.done():
                 ready.set_exception(exc)
             else:
-                _log.warning("mcp_upstream_lost", upstream=self.upstream.name, error=_describe(exc))
+                _log.warning(
+                    "mcp_upstream_lost",
+                    upstream=self.upstream.name,
+                    org_id=self.org_id,
+                    error=_describe(exc),
+                )
         finally:
             self.client = None
             if not ready.done():  # cancelled while connecting

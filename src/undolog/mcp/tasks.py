@@ -19,7 +19,8 @@ later move of its effect (an in-doubt effect resolved, say) does not change it:
 | rejected / timed out | `failed` | the refusal |
 
 Task ids are random (UUID4) and looked up within the caller's org; an agent key sees only the
-tasks its own calls created. Anything else is "task not found" (`-32602`). `tasks/list` and
+tasks its own calls created. Anything else, a malformed id included (it never reaches the store),
+is "task not found" (`-32602`). `tasks/list` and
 `tasks/cancel` are not served (nor declared).
 """
 
@@ -341,6 +342,8 @@ class McpTasks:
         org_id = state.get("org_id")
         if org_id is None:
             raise MCPError(INVALID_REQUEST, "the gateway is not serving this request")
+        if not _is_task_id(task_id):  # never sent to the store (PostgreSQL refuses NUL in text)
+            raise MCPError(INVALID_PARAMS, NOT_FOUND)
         async with runtime.store.reader() as q:
             task = await q.get_mcp_task(str(org_id), task_id)
         if task is None or task.expires_us <= now_us():
@@ -403,6 +406,16 @@ class McpTasks:
         if view.message:
             wire["statusMessage"] = view.message
         return wire
+
+
+def _is_task_id(task_id: str) -> bool:
+    """Whether `task_id` is spelt as this server makes task ids (a UUID, lower-case, dashed)."""
+    if len(task_id) != 36:
+        return False
+    try:
+        return str(uuid.UUID(task_id)) == task_id
+    except ValueError:
+        return False
 
 
 def _ttl(requested: Any) -> int:

@@ -1,10 +1,15 @@
 """The gateway's connections to its upstream MCP servers, and calls through them.
 
-`UpstreamPool` opens one `mcp.Client` per configured upstream (a child process over stdio, or
-Streamable HTTP) when the proxy starts and closes them when it stops. Each client lives in a
-task of its own, so an upstream that goes away fails its calls (and is reconnected by the next
-one) without taking the proxy down. Tools are published under the upstream's name as a prefix
-(`memory.create_entities`), schemas and annotations unchanged.
+Upstreams belong to orgs (docs/mcp.md, "Orgs"): `UpstreamPool` keeps, per org, an `OrgUpstreams`
+that sees only the upstreams open to that org (`McpUpstream.allows`), and opens one `mcp.Client`
+per such upstream *for that org* (a child process of its own over stdio, or Streamable HTTP
+with every request signed for the org; `undolog.mcp.link`). An org never lists, reads or calls
+through another org's upstream, and a shared upstream always knows which org is asking. The
+config's orgs are connected when the proxy starts, any other org on its first request; all are
+closed when it stops. Each client lives in a task of its own, so an upstream that goes away
+fails its calls (and is reconnected by the next one) without taking the proxy down. Tools are
+published under the upstream's name as a prefix (`memory.create_entities`), schemas and
+annotations unchanged.
 
 An upstream that cannot be reached at start does not stop the proxy either: it is logged, its
 tools are missing until it answers, and listing tries it again at most once every
@@ -34,9 +39,10 @@ A read or a get of an item whose upstream is down is a JSON-RPC error naming the
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import secrets
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import structlog
 from mcp import Client, MCPError
@@ -49,6 +55,7 @@ from mcp_types import (
     GetPromptResult,
     Prompt,
     ReadResourceResult,
+    RequestParamsMeta,
     Resource,
     ResourceTemplate,
     TextContent,
@@ -57,6 +64,7 @@ from mcp_types import (
 
 from undolog.mcp.config import PREFIX_SEPARATOR, McpToolPolicy, McpUpstream, tier_for
 from undolog.mcp.link import (
+    EFFECT_META_KEY,
     Capability,
     _Answer,
     _declares,
@@ -83,6 +91,7 @@ __all__ = [
     "COMPENSATION_ARGS_KEY",
     "RETRY_SECONDS",
     "GatewayTool",
+    "OrgUpstreams",
     "UpstreamPool",
     "result_to_tool_result",
 ]
@@ -146,7 +155,7 @@ def result_to_tool_result(result: CallToolResult) -> ToolResult:
 
 
 class UpstreamPool:
-    """Open clients to the configured upstreams; see the module docstring."""
+    """Every org's view of the configured upstreams; see the module docstring."""
 
     def __init__(
         self,
@@ -159,7 +168,101 @@ class UpstreamPool:
         self.upstreams = {u.name: u for u in upstreams}
         self.timeout_seconds = timeout_seconds
         self.retry_seconds = RETRY_SECONDS if retry_seconds is None else retry_seconds
-        self._links: dict[str, _Link] = {}
+        # An HTTP upstream without a configured secret is still signed, with a key of this
+        # process's that no server holds (warned at start, as for HTTP tool servers).
+        self._secrets = {u.name: u.secret or secrets.token_urlsafe(32) for u in upstreams}
+        self._orgs: dict[str, OrgUpstreams] = {}
+
+    def for_org(self, org_id: str) -> OrgUpstreams:
+        """The upstreams `org_id` may use, connected on its behalf (made on first use)."""
+        view = self._orgs.get(org_id)
+        if view is None:
+            links = {
+                name: _Link(
+                    u, org_id, self._secrets[name], self.timeout_seconds, self.retry_seconds
+                )
+                for name, u in self.upstreams.items()
+                if u.allows(org_id)
+            }
+            view = self._orgs[org_id] = OrgUpstreams(org_id, links, self.timeout_seconds)
+        return view
+
+    async def start(self, org_ids: Iterable[str] = ()) -> None:
+        """Connect the upstreams of each of `org_ids` (the config's orgs) and list their tools.
+
+        One that cannot be reached is logged and tried again by a later `refresh_tools`.
+        """
+        for upstream in self.upstreams.values():
+            if upstream.transport == "http" and upstream.secret is None:
+                _log.warning(
+                    "mcp_upstream_secret_generated",
+                    upstream=upstream.name,
+                    hint="set the upstream's secret or secret_env so the server can verify "
+                    "X-UndoLog-Signature",
+                )
+        try:
+            for org_id in org_ids:
+                await self.for_org(org_id).ready()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        views, self._orgs = self._orgs, {}
+        for view in views.values():
+            await view.close()
+
+    def offered(self) -> set[Capability]:
+        """What the upstreams declared when they last connected (for any org), besides tools."""
+        offered: set[Capability] = set()
+        for view in self._orgs.values():
+            offered |= view.offered()
+        return offered
+
+    def connections(self) -> list[tuple[str, str]]:
+        """`(upstream, org)` of every open connection."""
+        return [(name, org_id) for org_id, view in self._orgs.items() for name in view.connected()]
+
+    # -- ToolExecutor's router protocol ---------------------------------------------------
+
+    def handles(self, tool_name: str) -> bool:
+        prefix, sep, tool = tool_name.partition(PREFIX_SEPARATOR)
+        return bool(sep and tool) and prefix in self.upstreams
+
+    async def call(
+        self, tool_name: str, args: Any, *, org_id: str, effect_id: str, idempotency_key: str
+    ) -> ToolResult:
+        """Run a proxy-executed call for `org_id`: a forward call (approved), or a compensation.
+
+        Raises:
+            ToolTransportError: the upstream is not open to the org (nothing is sent), or it
+                could not be reached.
+        """
+        del idempotency_key  # MCP has no place for it; the effect id goes in `_meta`, signed
+        upstream = self.upstreams.get(tool_name.partition(PREFIX_SEPARATOR)[0])
+        if upstream is None or not upstream.allows(org_id):
+            _log.warning("mcp_upstream_not_open", tool=tool_name, org_id=org_id)
+            raise ToolUnreachable(f"the MCP upstream of '{tool_name}' is not open to this org")
+        if isinstance(args, dict) and COMPENSATION_ARGS_KEY in args:
+            try:
+                args = resolve_mapping(args[COMPENSATION_ARGS_KEY], args)
+            except MappingError as exc:
+                return ToolResult(False, None, f"compensation arguments: {exc}")
+        if not isinstance(args, dict):
+            return ToolResult(False, None, "MCP tool arguments must be an object")
+        view = self.for_org(org_id)
+        return result_to_tool_result(await view.call_upstream(tool_name, args, effect_id=effect_id))
+
+
+class OrgUpstreams:
+    """One org's upstreams: its connections, its listings, its calls and reads."""
+
+    def __init__(self, org_id: str, links: dict[str, _Link], timeout_seconds: float) -> None:
+        self.org_id = org_id
+        self.upstreams = {name: link.upstream for name, link in links.items()}
+        self.timeout_seconds = timeout_seconds
+        self._links = links
+        self._listed = False  # tools listed once (at start, or on the org's first request)
         self._tools: dict[str, GatewayTool] = {}
         # What each upstream listed last, by upstream name: kept while it is down, for routing.
         self._resources: dict[str, list[Resource]] = {}
@@ -167,24 +270,19 @@ class UpstreamPool:
         self._prompts: dict[str, list[Prompt]] = {}
         self._shadowed: set[tuple[str, str]] = set()  # (uri, upstream) already logged
 
-    async def start(self) -> None:
-        """Connect to every upstream and list its tools.
-
-        One that cannot be reached is logged and tried again by a later `refresh_tools`.
-        """
-        self._links = {
-            n: _Link(u, self.timeout_seconds, self.retry_seconds) for n, u in self.upstreams.items()
-        }
-        try:
+    async def ready(self) -> None:
+        """Connect and list the tools once, if that was never done."""
+        if not self._listed:
             await self.refresh_tools()
-        except BaseException:
-            await self.close()
-            raise
 
     async def close(self) -> None:
         links, self._links = self._links, {}
         for link in links.values():
             await link.close()
+
+    def connected(self) -> list[str]:
+        """The upstreams this org is connected to now."""
+        return [name for name, link in self._links.items() if link.connected]
 
     async def refresh_tools(self) -> list[GatewayTool]:
         """List every upstream's tools again (all pages), under their prefixed names.
@@ -192,6 +290,7 @@ class UpstreamPool:
         An upstream that cannot be reached keeps the tools it had (none, if it never answered);
         one whose last connection failed is tried again only after `retry_seconds`.
         """
+        self._listed = True
         tools: dict[str, GatewayTool] = {}
         for name, link in self._links.items():
             upstream = self.upstreams[name]
@@ -230,8 +329,11 @@ class UpstreamPool:
             return None
         return upstream, tool
 
-    async def call_upstream(self, name: str, args: dict[str, Any]) -> CallToolResult:
-        """Call a prefixed tool on its upstream.
+    async def call_upstream(
+        self, name: str, args: dict[str, Any], *, effect_id: str | None = None
+    ) -> CallToolResult:
+        """Call a prefixed tool on its upstream; a recorded call passes its `effect_id`
+        (sent in `_meta["undolog/effect_id"]`, which an HTTP upstream's signature covers).
 
         A protocol error of the upstream (an unknown tool, arguments it refuses) comes back
         as an `isError` result: the call was made, and the upstream said no.
@@ -245,8 +347,9 @@ class UpstreamPool:
             raise ToolUnreachable(f"no MCP upstream serves '{name}'")
         upstream, tool = split
         client = await link.connect()
+        meta = cast(RequestParamsMeta, {EFFECT_META_KEY: effect_id}) if effect_id else None
         try:
-            return await client.call_tool(tool, args)
+            return await client.call_tool(tool, args, meta=meta)
         except MCPError as exc:
             if exc.error.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
                 raise ToolOutcomeUnknown(
@@ -265,7 +368,7 @@ class UpstreamPool:
     # -- resources and prompts: read-only, straight to the upstreams ---------------------------
 
     def offered(self) -> set[Capability]:
-        """What the upstreams declared when they last connected, besides tools."""
+        """What the org's upstreams declared when they last connected, besides tools."""
         caps = [link.capabilities for link in self._links.values()]
         both: tuple[Capability, ...] = ("resources", "prompts")
         return {capability for capability in both if any(_declares(c, capability) for c in caps)}
@@ -436,20 +539,3 @@ class UpstreamPool:
         except Exception as exc:  # a timeout, a broken pipe, a closed stream
             reason = _describe(exc)
         raise _unavailable(name, f"MCP upstream '{name}' is unavailable ({reason})")
-
-    # -- ToolExecutor's router protocol ---------------------------------------------------
-
-    def handles(self, tool_name: str) -> bool:
-        return self._split(tool_name) is not None
-
-    async def call(self, tool_name: str, args: Any, *, idempotency_key: str) -> ToolResult:
-        """Run a proxy-executed call: a forward call (approved), or a compensation."""
-        del idempotency_key  # MCP has no place for it; the engine's signature guards the call
-        if isinstance(args, dict) and COMPENSATION_ARGS_KEY in args:
-            try:
-                args = resolve_mapping(args[COMPENSATION_ARGS_KEY], args)
-            except MappingError as exc:
-                return ToolResult(False, None, f"compensation arguments: {exc}")
-        if not isinstance(args, dict):
-            return ToolResult(False, None, "MCP tool arguments must be an object")
-        return result_to_tool_result(await self.call_upstream(tool_name, args))

@@ -91,7 +91,11 @@ def create_app(settings: Settings, *, prepared: bool = False) -> Any:
     already migrated and seeded (by the supervisor of `undolog serve --workers N`)."""
     metrics_holder: dict[str, Runtime] = {}
     metrics = ProxyMetrics.create()
-    gateway = McpGateway(settings.mcp, timeout_seconds=settings.upstream_timeout_seconds)
+    gateway = McpGateway(
+        settings.mcp,
+        timeout_seconds=settings.upstream_timeout_seconds,
+        org_ids=[org.org_id for org in settings.orgs],
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

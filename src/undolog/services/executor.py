@@ -85,7 +85,9 @@ class ToolRouter(Protocol):
 
     def handles(self, tool_name: str) -> bool: ...
 
-    async def call(self, tool_name: str, args: Any, *, idempotency_key: str) -> ToolResult: ...
+    async def call(
+        self, tool_name: str, args: Any, *, org_id: str, effect_id: str, idempotency_key: str
+    ) -> ToolResult: ...
 
 
 class ToolExecutor:
@@ -152,7 +154,11 @@ class ToolExecutor:
         for router in self.routers:
             if router.handles(tool_name):
                 return await router.call(
-                    tool_name, args, idempotency_key=idempotency_key or effect_id
+                    tool_name,
+                    args,
+                    org_id=org_id,
+                    effect_id=effect_id,
+                    idempotency_key=idempotency_key or effect_id,
                 )
         if self._session is None:
             raise ToolUnreachable("executor is not open")
