@@ -16,6 +16,8 @@ import random
 import secrets
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -25,6 +27,7 @@ import pytest
 from tests.conftest import _pg_admin_url
 from tests.faults.harness import (
     DEADLINE,
+    IN_DOUBT,
     LEASE_SECONDS,
     RETRY_PAUSE,
     SETTLED,
@@ -36,7 +39,7 @@ from tests.faults.harness import (
     new_session,
 )
 from tests.support.forwarder import forwarding
-from tests.support.servers import ProcessServer, await_until
+from tests.support.servers import ProcessServer, await_until, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -242,3 +245,46 @@ def test_replays_are_served_while_the_database_refuses_writes(
                  duplicates=cluster.duplicates([c.session_id for c in calls]), lost=len(lost),
                  stuck=0)  # fmt: skip
     assert lost == []
+
+
+HELD_CALLS = 4
+
+
+def test_a_proxy_killed_while_it_holds_results_leaves_them_to_the_next_one(
+    pg_url: str,
+    cluster_on: Callable[[str], Cluster],
+    fault_report: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    """The database goes away while tools run: the proxy writes their results to its spool and
+    answers them; it is killed -9 before the database is back. The proxy started next on the
+    same spool commits them: every acknowledged result is replayed, nothing ran twice, and
+    nothing is left in doubt for an operator."""
+    target = urlsplit(pg_url)
+    spool = {"UNDOLOG_SPOOL_DIR": str(tmp_path / "spool"), "UNDOLOG_COMMIT_RETRY_ATTEMPTS": "2",
+             "UNDOLOG_COMMIT_RETRY_BACKOFF_MS": "10"}  # fmt: skip
+    with forwarding(target.hostname or "127.0.0.1", target.port or 5432) as forwarder:
+        cluster = cluster_on(_through(pg_url, forwarder.address))
+        [holder] = cluster.spawn("holder", **spool)
+        cluster.register(holder, TOOL_SPECS)
+        calls = [Call(new_session(), 1, "write", {"seconds": 1.0}) for _ in range(HELD_CALLS)]
+        with ThreadPoolExecutor(HELD_CALLS) as pool:
+            pending = [pool.submit(cluster.send, holder, call) for call in calls]
+            wait_until(lambda: cluster.upstream_inflight() >= HELD_CALLS, what="every call to run")
+            forwarder.cut()
+            said = [p.result(timeout=DEADLINE) for p in pending]
+        holder.kill()
+        forwarder.restore()
+        assert said == ["200 executed"] * HELD_CALLS, said  # written down, so answered
+        [successor] = cluster.spawn("successor", **spool)
+        for call in calls:
+            cluster.settle(successor, call)
+        sessions = [call.session_id for call in calls]
+        duplicates = cluster.duplicates(sessions)
+        lost = cluster.lost(successor, calls)
+        in_doubt = sum(1 for call in calls if call.last == IN_DOUBT)
+        stuck = cluster.stuck(sessions, within=LEASE_SECONDS + 3.0)
+        fault_report(store="postgres", point="kill_9_while_holding", trials=HELD_CALLS,
+                     duplicates=duplicates, lost=len(lost) + in_doubt, stuck=stuck)  # fmt: skip
+    assert [call.last for call in calls] == ["200 replayed"] * HELD_CALLS, cluster.log.lines()
+    assert (duplicates, lost, stuck) == (0, [], 0)
