@@ -12,8 +12,10 @@ still serve the replays of committed calls (nothing a replay needs is a write).
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import secrets
+import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -287,4 +289,48 @@ def test_a_proxy_killed_while_it_holds_results_leaves_them_to_the_next_one(
         fault_report(store="postgres", point="kill_9_while_holding", trials=HELD_CALLS,
                      duplicates=duplicates, lost=len(lost) + in_doubt, stuck=stuck)  # fmt: skip
     assert [call.last for call in calls] == ["200 replayed"] * HELD_CALLS, cluster.log.lines()
+    assert (duplicates, lost, stuck) == (0, [], 0)
+
+
+WORKER_CALLS = 8
+
+
+def test_a_worker_killed_with_calls_in_flight_loses_nothing_and_runs_nothing_twice(
+    cluster_on: Callable[[str], Cluster],
+    faults_pg_url: str,
+    fault_report: Callable[..., str],
+) -> None:
+    """`serve --workers 2` with calls in flight on both workers; one worker is killed -9 (the
+    supervisor starts another). Every call ends with a result or the in-doubt answer (what the
+    dead worker had sent is in doubt, never re-run), nothing ran twice, nothing is stuck."""
+    cluster = cluster_on(faults_pg_url)
+    [server] = cluster.spawn("workers", UNDOLOG_WORKERS="2", UNDOLOG_TEST_WORKER_HEADER="1")
+    cluster.register(server, TOOL_SPECS)
+    pids: dict[int, int] = {}
+
+    def both_seen() -> bool:
+        answer = httpx.get(server.url + "/health", timeout=DEADLINE)
+        index, pid = answer.headers["x-undolog-worker"].split("/")
+        pids[int(index)] = int(pid)
+        return len(pids) == 2
+
+    wait_until(both_seen, timeout=DEADLINE, what="both workers to answer")
+    calls = [Call(new_session(), 1, "write", {"seconds": 1.0}) for _ in range(WORKER_CALLS)]
+    with ThreadPoolExecutor(WORKER_CALLS) as pool:
+        pending = [pool.submit(cluster.send, server, call) for call in calls]
+        wait_until(lambda: cluster.upstream_inflight() >= WORKER_CALLS, what="every call to run")
+        os.kill(pids[0], signal.SIGKILL)
+        for p in pending:
+            p.result(timeout=DEADLINE)
+    for call in calls:
+        if not call.settled:
+            cluster.settle(server, call)
+    sessions = [call.session_id for call in calls]
+    cluster.wait_upstream_idle()
+    duplicates = cluster.duplicates(sessions)
+    lost = cluster.lost(server, calls)
+    stuck = cluster.stuck(sessions, within=LEASE_SECONDS + 3.0)
+    fault_report(store="postgres", point="worker_killed", trials=WORKER_CALLS,
+                 duplicates=duplicates, lost=len(lost), stuck=stuck)  # fmt: skip
+    assert [call.answers for call in calls if not call.settled] == []
     assert (duplicates, lost, stuck) == (0, [], 0)
