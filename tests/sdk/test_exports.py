@@ -73,6 +73,7 @@ EXPORTS: dict[str, list[str]] = {
     "undolog_sdk.errors": [
         "AdvisoryLockTimeout",
         "ApprovalAlreadyResolved",
+        "ApprovalArgsChanged",
         "ApprovalRejected",
         "ApprovalTimedOut",
         "AuthFailed",
