@@ -24,6 +24,7 @@ from tests.proxy.test_policy_rules import call, code, set_rules, upstream_calls
 from undolog.engine.changes import args_hash
 from undolog_sdk.signature import canonical_json
 
+
 @pytest.fixture
 def proxy(proxy_factory: Any) -> ProxyHarness:
     """A proxy with the product's default: the key that made a call cannot approve it (the

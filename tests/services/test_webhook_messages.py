@@ -85,5 +85,7 @@ def test_an_agents_args_cannot_break_out_of_the_slack_code_span(evil: str) -> No
 @pytest.mark.security
 def test_the_slack_fallback_text_escapes_slacks_control_characters() -> None:
     record = approval(tool_name="drop<!here>", approved_args_json=None)
-    body = orjson.loads(build_message("slack", event("approval_required"), record, "https://x").body)
+    body = orjson.loads(
+        build_message("slack", event("approval_required"), record, "https://x").body
+    )
     assert "<" not in body["text"] and "&lt;!here&gt;" in body["text"]

@@ -164,7 +164,8 @@ def _slack_body(
         if approval.approved_args_json is None:
             lines.append(f"args: {_code(approval.args_json)}")
         else:  # an approver's edit: what runs, and what the agent asked for
-            lines.append(f"runs with (changed by an approver): {_code(approval.approved_args_json)}")
+            runs = _code(approval.approved_args_json)
+            lines.append(f"runs with (changed by an approver): {runs}")
             lines.append(f"asked for: {_code(approval.args_json)}")
         if approval.decided_by:
             lines.append(f"decided by {_escape(approval.decided_by)}")
