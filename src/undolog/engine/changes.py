@@ -91,13 +91,17 @@ def approvers_after(
 
     Raises:
         Forbidden: the key that made the call approving it (allowed by `allow_self_approval`
-            only for an approval that needs one approver).
+            only for an approval no policy rule asked for, that needs one approver).
         ApprovalArgsChanged: the arguments on the table are not the ones the approver saw.
     """
     if (
         who.key_id is not None
         and who.key_id == approval.requested_by_key_id
-        and (not allow_self_approval or approval.approvers_required > 1)
+        and (
+            not allow_self_approval
+            or approval.rule is not None  # a policy rule asked for another person
+            or approval.approvers_required > 1
+        )
     ):
         raise Forbidden("the key that made the call cannot approve it")
     current = approval.approved_args_json
