@@ -190,3 +190,14 @@ def test_approve_with_args_runs_the_changed_call_and_bad_json_is_refused(
         card = c.get(f"/approvals/{approval_id}").json()
     assert card["approved_args"] == {"db_name": "db-copy"}
     assert card["args_diff"]["changed"] == {"db_name": {"from": "db-1", "to": "db-copy"}}
+
+
+def test_approve_with_the_args_hash_seen_and_a_stale_one_is_refused(proxy: ProxyHarness) -> None:
+    approval_id = await_approval(proxy)
+    [card] = [a for a in api_list(proxy) if a["id"] == approval_id]
+    stale = undolog(proxy, "approve", approval_id, "--args-hash", "0" * 64)
+    assert stale.exit_code != 0
+    assert "approval_args_changed" in stale.output
+    done = undolog(proxy, "approve", approval_id, "--args-hash", card["args_hash"], "--json")
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["execution"] == "committed"

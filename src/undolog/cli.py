@@ -188,6 +188,12 @@ def serve(
     webhook_max_attempts: int = typer.Option(None, help="Before a delivery is dead (default 10)"),
     webhook_backoff_seconds: float = typer.Option(None, help="First retry delay (default 1)"),
     webhook_backoff_max_seconds: float = typer.Option(None, help="Retry delay cap (default 300)"),
+    allow_self_approval: bool = typer.Option(
+        None,
+        "--allow-self-approval/--no-allow-self-approval",
+        help="Let the key that made a call approve it, when one approver suffices: for a "
+        "single-person setup (env UNDOLOG_ALLOW_SELF_APPROVAL; default off)",
+    ),
     config: str = typer.Option(None, help="TOML config file (env UNDOLOG_CONFIG)"),
     demo: bool = typer.Option(False, help="Also run the demo tool server and a demo org"),
     demo_tools_port: int = typer.Option(DEMO_TOOLS_PORT, help="Port of the demo tool server"),

@@ -217,7 +217,7 @@ def approvals_list(
 
 def _decide(action: str, approval_id: str, reason: str | None,
             url: str | None, api_key: str | None, as_json: bool,
-            args: str | None = None) -> None:  # fmt: skip
+            args: str | None = None, args_hash: str | None = None) -> None:  # fmt: skip
     # Who decides is the API key's name, recorded by the proxy: nothing to send for it.
     body: dict[str, Any] = {"reason": reason} if reason is not None else {}
     if args is not None:  # approve with changes (docs/approvals.md)
@@ -225,6 +225,8 @@ def _decide(action: str, approval_id: str, reason: str | None,
             body["args"] = orjson.loads(args)
         except orjson.JSONDecodeError as exc:
             raise typer.BadParameter(f"--args is not JSON: {exc}") from None
+    if args_hash is not None:  # the arguments you saw (docs/approvals.md)
+        body["args_hash"] = args_hash
     data = _request("POST", url, api_key, f"/approvals/{approval_id}/{action}", body)
     if as_json:
         _print_json(data)
@@ -248,12 +250,18 @@ def approvals_approve(
     args: str = typer.Option(
         None, "--args", help="The call's arguments as changed by you (a JSON object)"
     ),
+    args_hash: str = typer.Option(
+        None,
+        "--args-hash",
+        help="The approval's args_hash as you saw it (`approvals list --json`): refused "
+        "if another approver has changed the arguments since",
+    ),
     url: str = _URL,
     api_key: str = _KEY,
     as_json: bool = _JSON,
 ) -> None:
     """Approve a pending request; a proxy-executed call runs now (with --args: those)."""
-    _decide("approve", approval_id, reason, url, api_key, as_json, args)
+    _decide("approve", approval_id, reason, url, api_key, as_json, args, args_hash)
 
 
 @approvals_app.command("reject")

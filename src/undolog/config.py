@@ -144,6 +144,9 @@ class Settings:
     webhook_max_attempts: int = 10
     webhook_backoff_seconds: float = 1.0
     webhook_backoff_max_seconds: float = 300.0
+    # The key that made a call may approve it (one approver only): for a single-person setup.
+    # Off: every approval is by another key (docs/approvals.md, "Separation of duties").
+    allow_self_approval: bool = False
     config: str | None = None
     orgs: tuple[OrgConfig, ...] = ()
     tools: tuple[ToolConfig, ...] = ()
@@ -218,10 +221,25 @@ def _forwarded_allow_ips(raw: Any) -> str:
     return ",".join(entries)
 
 
+_TRUE, _FALSE = frozenset({"true", "1", "yes", "on"}), frozenset({"false", "0", "no", "off"})
+
+
+def _flag(name: str, raw: Any) -> bool:
+    """A switch: a TOML or flag boolean, or an env var's true/false, 1/0, yes/no, on/off."""
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower() if isinstance(raw, str) else None
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise ValueError(f"setting {name!r}: expected true or false, got {raw!r}")
+
+
 def _coerce(name: str, raw: Any) -> Any:
     if name == "forwarded_allow_ips":
         return _forwarded_allow_ips(raw)
     kind = {f.name: f.type for f in dataclasses.fields(Settings)}[name]
+    if kind == "bool":
+        return _flag(name, raw)
     if kind == "tuple[str, ...]":
         return _origins(raw)
     if kind == "int | None" and raw is None:

@@ -169,6 +169,7 @@ def serve_gateway(
         upstream_timeout_seconds=20.0,
         lease_seconds=30.0,
         log_level="warning",
+        allow_self_approval=True,  # the one admin key makes and approves calls
         orgs=(OrgConfig(org_id=org_id, keys=role_keys(key)),),
         # A call that needs an approval answers "pending" at once unless a test asks for
         # the long wait (tests/mcp/test_gateway_waits.py).

@@ -127,6 +127,10 @@ def make_settings(
         "metrics_token": TEST_METRICS_TOKEN,
         "orgs": orgs,
         "spool_dir": tempfile.mkdtemp(prefix="undolog-spool-"),
+        # Many tests make and approve a call with the org's one admin key, so the harness
+        # allows it; the product's default (off) is tested with it off, explicitly
+        # (tests/proxy/test_approval_binding.py).
+        "allow_self_approval": True,
     }
     values.update(overrides)
     return Settings(**values)
@@ -195,6 +199,7 @@ def spawn_proxy(
         # Held results go next to the config (the test's tmp dir), never into the repo.
         "UNDOLOG_SPOOL_DIR": str(config_path.parent / "spool"),
         "UNDOLOG_METRICS_TOKEN": TEST_METRICS_TOKEN,
+        "UNDOLOG_ALLOW_SELF_APPROVAL": "true",  # one admin key calls and approves (make_settings)
         **env,
     }
     return ProcessServer(

@@ -134,12 +134,12 @@ def test_pending_approvals_are_listed_newest_first_with_the_reference_fields(
 
 def test_the_state_filter_lists_each_kind_of_decision(proxy: ProxyHarness) -> None:
     session = new_session()
-    with proxy.client() as c:
+    with proxy.client() as c, proxy.client(proxy.approver_key) as approver:
         approved, rejected, waiting = (
             await_approval(c, drop_db(session, step, f"db-{step}"))["approval_id"]
             for step in (1, 2, 3)
         )
-        assert decide(c, approved, "approve").status_code == 200
+        assert decide(approver, approved, "approve").status_code == 200
         assert decide(c, rejected, "reject").status_code == 200
         by_state = {state: [a["id"] for a in listed(c, state=state)]
                     for state in ("pending", "approved", "rejected")}  # fmt: skip
@@ -198,10 +198,10 @@ def test_approving_a_proxy_call_runs_it_once_and_the_retry_replays_its_result(
     proxy: ProxyHarness,
 ) -> None:
     session = new_session()
-    with proxy.client() as c:
+    with proxy.client() as c, proxy.client(proxy.approver_key) as approver:
         pending = await_approval(c, drop_db(session))
         assert runs_of(proxy) == {}
-        response = decide(c, pending["approval_id"], "approve")
+        response = decide(approver, pending["approval_id"], "approve")
         assert response.status_code == 200, response.text
         answer = response.json()
         retry = ask(c, drop_db(session))
@@ -231,10 +231,10 @@ def test_an_approved_call_whose_tool_breaks_reports_execution_in_doubt(
 ) -> None:
     session = new_session()
     body = {"session_id": session, "tool_name": "broken", "step_index": 1, "args": {}}
-    with proxy.client() as c:
+    with proxy.client() as c, proxy.client(proxy.approver_key) as approver:
         c.put("/tools/broken", json={"tier": "irreversible"}).raise_for_status()
         pending = await_approval(c, body)
-        response = decide(c, pending["approval_id"], "approve")
+        response = decide(approver, pending["approval_id"], "approve")
         state = effect_state(c, session, pending["effect_id"])
         retry = c.post("/mcp/tool_call", json=body)
     assert response.status_code == 200, response.text
@@ -271,7 +271,7 @@ async def test_approving_an_sdk_call_lets_the_sdk_retry_run_the_body_once(
     session = UndoLogSession(org_id=proxy.org_id)
     with pytest.raises(AwaitingApprovalError) as waiting:
         await publish("v2", _session=session)
-    async with proxy.async_client() as c:
+    async with proxy.async_client(proxy.approver_key) as c:
         response = await c.post(f"/approvals/{waiting.value.approval_id}/approve")
     assert response.status_code == 200, response.text
     answer = response.json()
@@ -345,10 +345,10 @@ def test_a_second_decision_is_a_409_and_changes_nothing(
     proxy: ProxyHarness, first: str, second: str
 ) -> None:
     session = new_session()
-    with proxy.client() as c:
+    with proxy.client() as c, proxy.client(proxy.approver_key) as approver:
         pending = await_approval(c, drop_db(session))
-        assert decide(c, pending["approval_id"], first).status_code == 200
-        response = decide(c, pending["approval_id"], second)
+        assert decide(approver, pending["approval_id"], first).status_code == 200
+        response = decide(approver, pending["approval_id"], second)
         final = "approved" if first == "approve" else "rejected"
         (record,) = listed(c, state=final)
     assert response.status_code == 409
@@ -404,9 +404,9 @@ def test_a_malformed_decision_body_is_a_400_and_decides_nothing(
 
 
 def test_an_empty_decision_body_is_fine(proxy: ProxyHarness) -> None:
-    with proxy.client() as c:
+    with proxy.client() as c, proxy.client(proxy.approver_key) as approver:
         pending = await_approval(c, drop_db(new_session()))
-        response = decide(c, pending["approval_id"], "approve", raw=b"")
+        response = decide(approver, pending["approval_id"], "approve", raw=b"")
     assert response.status_code == 200, response.text
 
 
@@ -597,7 +597,9 @@ def config_for(tmp_path: Path) -> Iterator[Any]:
 
     def spawn(store_url: str, upstream: ThreadServer, org_id: str, key: str) -> ProcessServer:
         config = write_org_config(tmp_path / "undolog.toml", org_id, key)
-        server = spawn_proxy(store_url, upstream.url, config, log_path=tmp_path / "proxy.log")
+        # One key makes and approves the call: a single-person setup, allowed by the env var.
+        server = spawn_proxy(store_url, upstream.url, config, log_path=tmp_path / "proxy.log",
+                             UNDOLOG_ALLOW_SELF_APPROVAL="true")  # fmt: skip
         started.append(server)
         return server
 
@@ -654,11 +656,11 @@ def test_decisions_are_counted_by_action_and_result_and_routes_collapse_the_id(
     proxy: ProxyHarness,
 ) -> None:
     session = new_session()
-    with proxy.client() as c:
+    with proxy.client() as c, proxy.client(proxy.approver_key) as approver:
         approved = await_approval(c, drop_db(session, 1, "a"))["approval_id"]
         rejected = await_approval(c, drop_db(session, 2, "b"))["approval_id"]
-        assert decide(c, approved, "approve").status_code == 200
-        assert decide(c, approved, "approve").status_code == 409
+        assert decide(approver, approved, "approve").status_code == 200
+        assert decide(approver, approved, "approve").status_code == 409
         assert decide(c, rejected, "reject").status_code == 200
         assert decide(c, rejected, "reject", raw=b"{oops").status_code == 400
     found = samples(proxy)

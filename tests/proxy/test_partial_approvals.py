@@ -61,7 +61,9 @@ async def test_the_first_of_two_approvals_is_an_event_and_the_card_counts_it(
         "approvals": 1,
         "approvers_required": 2,
         "approver": "key:approver",
+        "args_hash": card["args_hash"],  # what this approval was for: the requested args
     }
+    assert card["args_hash"] == card["requested_args_hash"]
     assert (card["status"], card["approvals"], card["approvers_required"]) == ("pending", 1, 2)
     assert card["approved_by"] == ["key:approver"]
     assert again.json()["approvals"] == 1

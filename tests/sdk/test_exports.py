@@ -87,6 +87,7 @@ EXPORTS: dict[str, list[str]] = {
     "undolog_sdk.errors": [
         "AdvisoryLockTimeout",
         "ApprovalAlreadyResolved",
+        "ApprovalArgsChanged",
         "ApprovalRejected",
         "ApprovalTimedOut",
         "AuthFailed",

@@ -110,6 +110,10 @@ class ApprovalTimedOutProxyError(_errors.ApprovalTimedOut, ProxyError):
     pass
 
 
+class ApprovalArgsChangedProxyError(_errors.ApprovalArgsChanged, ProxyError):
+    pass
+
+
 class AdvisoryLockTimeoutProxyError(_errors.AdvisoryLockTimeout, ProxyError):
     pass
 
@@ -211,6 +215,7 @@ _TYPED: dict[type[_errors.UndoLogError], type[ProxyError]] = {
         CompensationRegisteredTooLateProxyError,
         ApprovalAlreadyResolvedProxyError,
         ApprovalTimedOutProxyError,
+        ApprovalArgsChangedProxyError,
         AdvisoryLockTimeoutProxyError,
         DatabaseProxyError,
         SerializationProxyError,

@@ -36,6 +36,7 @@ group is what the proxy's REST API adds.
      ├── EffectInDoubt                  409 effect_in_doubt
      ├── SessionClosed                  409 session_closed
      ├── ApprovalRejected               409 approval_rejected
+     ├── ApprovalArgsChanged            409 approval_args_changed
      ├── InterceptFailed                502 intercept_failed
      ├── ToolError                      502 tool_error
      └── CommitFailed                   502 commit_failed
@@ -50,6 +51,7 @@ from typing import Any, ClassVar
 __all__ = [
     "AdvisoryLockTimeout",
     "ApprovalAlreadyResolved",
+    "ApprovalArgsChanged",
     "ApprovalRejected",
     "ApprovalTimedOut",
     "AuthFailed",
@@ -454,6 +456,26 @@ class ApprovalRejected(UndoLogError):
 
     def fields(self) -> dict[str, Any]:
         return {"approval_id": self.approval_id, "reason": self.reason}
+
+
+class ApprovalArgsChanged(UndoLogError):
+    """An approval for arguments other than the ones the call would run with: the
+    approver's `args_hash` names others, or it names none while another approver's edit is
+    on the table (docs/approvals.md). `args_hash` is the hash of the arguments on the table:
+    look at them, then approve them by that hash (or send your own `args`)."""
+
+    code, http_status = "approval_args_changed", 409
+
+    def __init__(self, approval_id: str, args_hash: str) -> None:
+        self.approval_id, self.args_hash = approval_id, args_hash
+        super().__init__(
+            f"The arguments of approval request '{approval_id}' are not the ones you approve: "
+            "an approver changed them. Review them (GET /approvals/{id}) and approve them by "
+            "their args_hash, or send your own args"
+        )
+
+    def fields(self) -> dict[str, Any]:
+        return {"approval_id": self.approval_id, "args_hash": self.args_hash}
 
 
 class InterceptFailed(UndoLogError):

@@ -6,10 +6,16 @@ processes exactly one wins and the other gets `ApprovalAlreadyResolved`. Approvi
 proxy-executed call also moves its effect to `executing` in that transaction: the caller (the
 proxy) then runs the tool once and commits it. An SDK-executed call stays `awaiting_approval`
 with its approval approved; the agent's retry gets Execute. Rejecting halts the session.
+
+An approval is for one exact argument set (`changes.py`): an approver's edit starts a new
+round and passes the org's policy rules again (a `deny` refuses it, a `require` may raise the
+number of approvers, never lower it), and the key that made a call never approves it unless
+the operator allows it for a single-person setup (`allow_self_approval`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import time
@@ -19,10 +25,17 @@ from typing import Any
 
 import orjson
 
-from undolog.engine.changes import Approver, Edit, approvers_after, check_edit
+from undolog.engine.changes import (
+    Approver,
+    Edit,
+    approvers_after,
+    args_hash,
+    check_edit,
+)
 from undolog.engine.core import Engine
 from undolog.engine.decide import Action
 from undolog.engine.model import Decision, lock_key
+from undolog.engine.rules import Rule, RuleAction
 from undolog.engine.states import ApprovalStatus, EffectState, SessionState
 from undolog.store.protocol import Queries
 from undolog.store.records import ApprovalRecord, EffectRecord
@@ -31,6 +44,7 @@ from undolog_sdk.errors import (
     ApprovalTimedOut,
     InvalidRequest,
     NotFound,
+    PolicyDenied,
     SessionClosed,
 )
 from undolog_sdk.wire import EventType, ExecutionMode, scrub
@@ -79,13 +93,39 @@ def _clean_text(value: str | None, name: str) -> str | None:
     return scrub(value)
 
 
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """An approver's request: who, their edit, the hash of the arguments they saw, and the
+    `require` rule their edit matched (None: none, or no edit)."""
+
+    who: Approver
+    edit: Edit | None
+    seen_hash: str | None
+    rule: Rule | None
+
+
+def _is_hash(value: Any) -> bool:
+    return (
+        isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    )
+
+
 class Approvals:
     """Decisions and the sweep, on top of the engine (which starts approved executions)."""
 
-    def __init__(self, engine: Engine, *, clock_us: Callable[[], int] = _now_us) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        clock_us: Callable[[], int] = _now_us,
+        allow_self_approval: bool = False,
+    ) -> None:
+        """`allow_self_approval`: the key that made a call may approve it, when it needs one
+        approver (a single-person setup; the `allow_self_approval` setting, default off)."""
         self.engine = engine
         self.store = engine.store
         self._clock = clock_us
+        self._allow_self_approval = allow_self_approval
 
     async def list_approvals(
         self, org_id: str, status: str | None = ApprovalStatus.PENDING, limit: int = 100
@@ -114,13 +154,16 @@ class Approvals:
         decided_by: str | None = None,
         approver_key_id: str | None = None,
         args: Any = None,
+        seen_args_hash: str | None = None,
     ) -> DecisionResult:
         """Approve or reject a pending approval.
 
         `args` (approve only, None: unchanged) are the arguments the call runs with instead of
-        the requested ones (docs/approvals.md, "Approve with changes"). An approval that needs
-        N approvers (a `require` rule) stays pending until N distinct keys approved the same
-        arguments; the key that made the call cannot approve it.
+        the requested ones (docs/approvals.md, "Approve with changes"); they pass the org's
+        policy rules again. `seen_args_hash` (approve only) is the `args_hash` of the
+        arguments the approver was shown. An approval that needs N approvers (a `require`
+        rule) stays pending until N distinct keys approved the same arguments; the key that
+        made the call cannot approve it (unless `allow_self_approval`, for one approver).
 
         Raises:
             NotFound: no such approval in this org.
@@ -129,22 +172,45 @@ class Approvals:
                 approved it now, and the caller must run `error.result.run` if set.
             ApprovalTimedOut: its deadline passed before this decision.
             SessionClosed: approving a call whose session no longer runs.
-            InvalidRequest: `args` with a rejection, not a JSON object, or over the bounds.
-            Forbidden: the key that made a rule-required call approving it.
+            InvalidRequest: `args` or `seen_args_hash` with a rejection, `args` not a JSON
+                object or over the bounds.
+            Forbidden: the key that made the call approving it.
+            PolicyDenied: `args` that a `deny` rule matches.
+            ApprovalArgsChanged: the arguments the call would run with are not the ones the
+                approver saw (another approver's edit).
         """
         reason = _clean_text(reason, "reason")
         decided_by = _clean_text(decided_by, "decided_by")
         edit = None
+        if verdict is Verdict.REJECT and (args is not None or seen_args_hash is not None):
+            raise InvalidRequest("'args' and 'args_hash' go with an approval, not a rejection")
         if args is not None:
-            if verdict is Verdict.REJECT:
-                raise InvalidRequest("'args' goes with an approval, not a rejection")
             edit = check_edit(args)
+        if seen_args_hash is not None and not _is_hash(seen_args_hash):
+            raise InvalidRequest("'args_hash' must be 64 lowercase hex characters")
+        stricter = None if edit is None else await self._edit_rule(org_id, approval_id, edit)
         who = Approver(approver_key_id, decided_by)
+        ask = _Ask(who, edit, seen_args_hash, stricter)
         async with self.store.transaction(lock_key=lock_key("approval", org_id, approval_id)) as q:
-            outcome = await self._decide(q, org_id, approval_id, verdict, reason, who, edit)
+            outcome = await self._decide(q, org_id, approval_id, verdict, reason, ask)
         if isinstance(outcome, Exception):  # raised only now, so the expiry it found is kept
             raise outcome
         return outcome
+
+    async def _edit_rule(self, org_id: str, approval_id: str, edit: Edit) -> Rule | None:
+        """An edit passes the org's policy rules as a new call with its arguments would:
+        a `deny` refuses it (`PolicyDenied`); a `require` is returned (it may ask for more
+        approvers). The tool and the requested arguments of an approval never change, so
+        this is read before the decision's transaction."""
+        approval = await self.get(org_id, approval_id)
+        if edit.args_json == approval.args_json:  # the requested arguments: no edit
+            return None
+        rule = await self.engine.match_rule(
+            org_id, approval.tool_name, orjson.loads(edit.args_json)
+        )
+        if rule is not None and rule.action is RuleAction.DENY:
+            raise PolicyDenied(rule.name, approval.tool_name)
+        return rule if rule is not None and rule.action is RuleAction.REQUIRE else None
 
     async def _decide(
         self,
@@ -153,10 +219,10 @@ class Approvals:
         approval_id: str,
         verdict: Verdict,
         reason: str | None,
-        who: Approver,
-        edit: Edit | None,
+        ask: _Ask,
     ) -> DecisionResult | Exception:
         now = self._clock()
+        who, edit = ask.who, ask.edit
         decided_by = who.by
         approval = await q.get_approval(org_id, approval_id)
         if approval is None:
@@ -182,12 +248,21 @@ class Approvals:
                 "'args' needs a proxy-executed call: an SDK-executed call runs the agent's own "
                 "arguments"
             )
-        approved_by, approved_args = approvers_after(approval, who, edit)
+        stricter: dict[str, Any] = {}  # an edit a stricter `require` rule matches
+        if ask.rule is not None and ask.rule.approvers > approval.approvers_required:
+            stricter = {"rule": ask.rule.name, "approvers_required": ask.rule.approvers}
+            approval = dataclasses.replace(approval, **stricter)
+        approved_by, approved_args = approvers_after(
+            approval, who, edit, ask.seen_hash, allow_self_approval=self._allow_self_approval
+        )
         if len(approved_by) < approval.approvers_required:  # more approvers to come
-            return await self._partly_approve(q, approval, effect, approved_by, approved_args, now)
+            return await self._partly_approve(
+                q, approval, effect, approved_by, approved_args, now, stricter
+            )
         return await self._approve(
             q, approval, effect, ApprovalStatus.APPROVED, now, reason, decided_by,
             approved_by=orjson.dumps(approved_by).decode(), approved_args=approved_args,
+            **stricter,
         )  # fmt: skip
 
     async def _partly_approve(
@@ -198,14 +273,16 @@ class Approvals:
         approved_by: list[dict[str, Any]],
         approved_args: str | None,
         now: int,
+        stricter: dict[str, Any],
     ) -> DecisionResult:
         """One of N approvers approved: record it, and announce it (`approval_partially_
-        approved`: so far / needed, and who) unless nothing changed (the same key again)."""
+        approved`: so far / needed, who, and the `args_hash` approved) unless nothing
+        changed (the same key again). `stricter`: the rule and approvers an edit asked for."""
         by_json = orjson.dumps(approved_by).decode()
         org_id, approval_id = approval.org_id, approval.approval_id
         await q.update_approval(
             org_id, approval_id, expect_status=ApprovalStatus.PENDING.value,
-            approved_by=by_json, approved_args=approved_args,
+            approved_by=by_json, approved_args=approved_args, **stricter,
         )  # fmt: skip
         if by_json != approval.approved_by_json or approved_args != approval.approved_args_json:
             payload: dict[str, Any] = {
@@ -213,6 +290,7 @@ class Approvals:
                 "rule": approval.rule, "approvals": len(approved_by),
                 "approvers_required": approval.approvers_required,
                 "approver": approved_by[-1].get("by"),
+                "args_hash": args_hash(approved_args or approval.args_json),
             }  # fmt: skip
             if approved_args is not None:  # an edit, as a digest (docs/audit.md)
                 payload["approved_args_sha256"] = hashlib.sha256(approved_args.encode()).hexdigest()
@@ -243,14 +321,15 @@ class Approvals:
         )  # fmt: skip
         if not changed:
             raise ApprovalAlreadyResolved(approval.approval_id)
+        approved_args = changes.get("approved_args", approval.approved_args_json)
         payload = {
             "approval_id": approval.approval_id,
             "status": status.value,
             "tool_name": approval.tool_name,
             "decided_by": decided_by,
             "reason": reason,
+            "args_hash": args_hash(approved_args or approval.args_json),  # what runs
         }
-        approved_args = changes.get("approved_args", approval.approved_args_json)
         if approved_args is not None:  # an edit is on record, as a digest (docs/audit.md)
             payload["approved_args_sha256"] = hashlib.sha256(approved_args.encode()).hexdigest()
         await q.insert_event(

@@ -110,13 +110,14 @@ async def get_approval(id: str, request: Request) -> Response:
     return json_response(listed_approval(item, recent="recent_calls" in request.query_params))
 
 
-async def _decision_body(request: Request) -> tuple[str | None, Any]:
-    """The decision's optional `reason` and (approve only) `args`, the changed arguments. A
+async def _decision_body(request: Request) -> tuple[str | None, Any, str | None]:
+    """The decision's optional `reason` and (approve only) `args`, the changed arguments,
+    and `args_hash`, the hash of the arguments the approver saw (docs/approvals.md). A
     `decided_by` is refused (400): who decided is the authenticated key's name, never what
     the caller writes."""
     raw = await request.body()
     if not raw.strip():
-        return None, None
+        return None, None, None
     try:
         data = loads_exact(raw)
     except ValueError as exc:
@@ -128,15 +129,17 @@ async def _decision_body(request: Request) -> tuple[str | None, Any]:
             "decided_by is not accepted: the decider is the API key's name; "
             "put any note in 'reason'"
         )
-    unknown = set(data) - {"reason", "args"}
+    unknown = set(data) - {"reason", "args", "args_hash"}
     if unknown:
         raise InvalidRequest(f"malformed decision body: unknown fields {sorted(unknown)}")
     if data.get("reason") is not None and not isinstance(data["reason"], str):
         raise InvalidRequest("malformed decision body: 'reason' must be a string")
     if data.get("args") is not None and not isinstance(data["args"], dict):
         raise InvalidRequest("malformed decision body: 'args' must be a JSON object")
+    if data.get("args_hash") is not None and not isinstance(data["args_hash"], str):
+        raise InvalidRequest("malformed decision body: 'args_hash' must be a string")
     reason: str | None = data.get("reason")
-    return reason, data.get("args")
+    return reason, data.get("args"), data.get("args_hash")
 
 
 async def _decide(request: Request, approval_id: str, verdict: Verdict) -> Response:
@@ -146,12 +149,12 @@ async def _decide(request: Request, approval_id: str, verdict: Verdict) -> Respo
     action = verdict.value
     started = time.perf_counter()
     try:
-        reason, args = await _decision_body(request)
+        reason, args, seen_hash = await _decision_body(request)
         # Who decided: the authenticated key's name (`key:NAME`), never client text.
         principal = request.state.principal
         result = await runtime.approvals.decide(
             org_id, approval_id, verdict, reason=reason, decided_by=principal.decider,
-            approver_key_id=principal.key_id, args=args,
+            approver_key_id=principal.key_id, args=args, seen_args_hash=seen_hash,
         )  # fmt: skip
     except UndoLogError as exc:
         if isinstance(exc, ResolvedByPolicy) and exc.result.run is not None:

@@ -292,6 +292,11 @@ class Approval(BaseModel):
     approvals: int = Field(description='approvals so far (a `require` rule\'s "1 of 2")')
     approved_by: list[str | None] = Field(description="who approved so far (`key:NAME`)")
     approved_args: Any = Field(description="the arguments an approver changed the call to")
+    args_hash: str = Field(
+        description="hash of the arguments the call runs with if approved now (approve "
+        "with it as `args_hash`): BLAKE3 of their canonical JSON"
+    )
+    requested_args_hash: str = Field(description="hash of the requested arguments")
     args_diff: dict[str, Any] | None = Field(
         description="top-level keys `added`, `removed`, `changed` by the approver"
     )
@@ -430,6 +435,12 @@ class RejectBody(BaseModel):
 class DecisionBody(RejectBody):
     args: JsonObject | None = Field(
         None, description="the arguments the call runs with instead (null: as requested)"
+    )
+    args_hash: str | None = Field(
+        None,
+        pattern="^[0-9a-f]{64}$",
+        description="the `args_hash` of the approval you saw; if the call's arguments are no "
+        "longer those, 409 approval_args_changed",
     )
 
 

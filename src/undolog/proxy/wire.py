@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from undolog.engine.changes import args_diff
+from undolog.engine.changes import args_diff, args_hash, proposed_args
 from undolog.logs import internal_error_message
 from undolog.store.records import (
     ApprovalRecord,
@@ -198,6 +198,11 @@ def approval_json(approval: ApprovalRecord) -> dict[str, Any]:
         "approvals": len(_loads(approval.approved_by_json) or []),  # so far ("1 of 2")
         "approved_by": [a.get("by") for a in _loads(approval.approved_by_json) or []],
         "approved_args": _loads(approval.approved_args_json),
+        # What an approval approves (docs/approvals.md): the hash of the arguments the call
+        # runs with if approved now (`approved_args`, else the requested ones), to send back
+        # as the approve body's `args_hash`; and the hash of the requested ones.
+        "args_hash": args_hash(proposed_args(approval)),
+        "requested_args_hash": args_hash(approval.args_json),
         "args_diff": (
             args_diff(_loads(approval.args_json), _loads(approval.approved_args_json))
             if approval.approved_args_json is not None

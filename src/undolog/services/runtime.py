@@ -215,7 +215,7 @@ async def open_runtime(
         store=store,
         engine=engine,
         saga=Saga(store, lease_seconds=settings.lease_seconds),
-        approvals=Approvals(engine),
+        approvals=Approvals(engine, allow_self_approval=settings.allow_self_approval),
         broker=broker,
         executor=executor,
         metrics=proxy_metrics,

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import orjson
 
+from undolog.engine.changes import args_hash, proposed_args
 from undolog.store.records import ApprovalRecord, EventRecord
 from undolog_sdk.wire import EventType
 
@@ -97,6 +98,11 @@ def _json_body(
             "approved_args": (
                 orjson.loads(approval.approved_args_json) if approval.approved_args_json else None
             ),
+            # What runs if approved now (the edit, else `args`) and its hash; the requested
+            # arguments' hash (docs/approvals.md, "What an approval approves").
+            "runs_with": orjson.loads(proposed_args(approval)),
+            "args_hash": args_hash(proposed_args(approval)),
+            "requested_args_hash": args_hash(approval.args_json),
             "created_at": _iso(approval.created_us),
             "timeout_at": _iso(approval.timeout_us),
             "decided_at": _iso(approval.decided_us),
@@ -119,6 +125,20 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+# Inside a code span Slack has no escape for a backtick: one would end the span (and "```"
+# open a block), letting an agent's text format or link the rest of the message. It is shown
+# as U+02CB MODIFIER LETTER GRAVE ACCENT, which looks alike and ends nothing; line breaks
+# (which also end a span) as spaces.
+_CODE_SAFE = str.maketrans({"`": "\u02cb", "\n": " ", "\r": " "})
+
+
+def _code(text: str, limit: int = MAX_ARGS_CHARS) -> str:
+    """`text` as one Slack code span that nothing in it can end, cut at `limit` characters."""
+    if len(text) > limit:
+        text = text[:limit] + "…"
+    return f"`{_escape(text.translate(_CODE_SAFE))}`"
+
+
 def _button(text: str, url: str, style: str | None = None) -> dict[str, Any]:
     button: dict[str, Any] = {
         "type": "button",
@@ -136,15 +156,17 @@ def _slack_body(
     data = orjson.loads(event.payload_json)
     title = _TITLES.get(event.type, event.type)
     tool = approval.tool_name if approval else str(data.get("fn_name") or data.get("tool_name"))
-    text = f"UndoLog: {title}: {tool} (org {event.org_id})"
-    lines = [f"*{_escape(title)}*: `{_escape(tool)}`", f"org `{_escape(event.org_id)}`"]
+    text = _escape(f"UndoLog: {title}: {tool} (org {event.org_id})")
+    lines = [f"*{_escape(title)}*: {_code(tool)}", f"org {_code(event.org_id)}"]
     if event.session_id:
-        lines.append(f"session `{_escape(event.session_id)}`")
+        lines.append(f"session {_code(event.session_id)}")
     if approval is not None:
-        args = approval.args_json
-        if len(args) > MAX_ARGS_CHARS:
-            args = args[:MAX_ARGS_CHARS] + "…"
-        lines.append(f"args: `{_escape(args)}`")
+        if approval.approved_args_json is None:
+            lines.append(f"args: {_code(approval.args_json)}")
+        else:  # an approver's edit: what runs, and what the agent asked for
+            runs = _code(approval.approved_args_json)
+            lines.append(f"runs with (changed by an approver): {runs}")
+            lines.append(f"asked for: {_code(approval.args_json)}")
         if approval.decided_by:
             lines.append(f"decided by {_escape(approval.decided_by)}")
         if event.type == EventType.APPROVAL_PARTIALLY_APPROVED.value:
@@ -154,7 +176,7 @@ def _slack_body(
         if event.type == EventType.APPROVAL_REQUIRED.value:
             lines.append(f"times out at {_iso(approval.timeout_us)}")
     if event.type == EventType.COMPENSATION_FAILED.value and data.get("error"):
-        lines.append(f"error: {_escape(str(data['error'])[:MAX_ARGS_CHARS])}")
+        lines.append(f"error: {_code(str(data['error']))}")
     blocks: list[dict[str, Any]] = [
         {"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}}
     ]

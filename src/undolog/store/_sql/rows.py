@@ -68,5 +68,5 @@ UNDO_FIELDS = frozenset(
 )
 APPROVAL_FIELDS = frozenset(
     {"status", "decided_us", "decided_by", "reason", "timeout_us", "approved_by",
-     "approved_args"}
+     "approved_args", "rule", "approvers_required"}
 )  # fmt: skip

@@ -1,11 +1,13 @@
 // Approvals: filters by state and tool, pages, and a card per approval with who asked, the
 // session's recent calls, and Approve / Reject. Approving an IRREVERSIBLE call asks first, in
 // a dialog showing the tool, the arguments and what cannot be undone (docs/dashboard.md). A
-// proxy-executed call's arguments can be edited before approving (editargs.js).
+// proxy-executed call's arguments can be edited before approving (editargs.js). An approval
+// is for the arguments the card shows (their `args_hash` is sent with it): when another
+// approver changed them, the card is rebuilt with the new ones (docs/approvals.md).
 
 import { api, query } from "./api.js";
 import { $, ask, badge, duration, frame, h, pager, pretty, say, shortId, when } from "./dom.js";
-import { argsDiff, argsEditor, editedArgs, requestedArgs } from "./editargs.js";
+import { argsDiff, argsEditor, editedArgs, requestedArgs, runArgs } from "./editargs.js";
 import { approvalsHash } from "./nav.js";
 import { scheduleRefresh, state } from "./state.js";
 
@@ -48,6 +50,10 @@ export async function renderApprovals(view, r, quiet) {
   for (const approval of res.data) {
     seen.add(approval.id);
     let card = list.querySelector(`[data-approval="${CSS.escape(approval.id)}"]`);
+    if (card && card.dataset.argsHash !== (approval.args_hash || "")) {
+      card.remove(); // the arguments that would run changed: never approve what is not shown
+      card = null;
+    }
     if (!card) card = approvalCard(approval, approval.status === "pending");
     else updateCard(card, approval);
     card.querySelector(".recent").replaceChildren(...recentCalls(approval));
@@ -93,7 +99,7 @@ function recentCalls(a) {
 
 function approvalCard(a, pending) {
   const reasonId = `reason-${a.id}`;
-  const card = h("article", { class: "card approval", dataset: { approval: a.id, status: a.status, created: a.created_at, timeout: a.timeout_at || "" } },
+  const card = h("article", { class: "card approval", dataset: { approval: a.id, status: a.status, created: a.created_at, timeout: a.timeout_at || "", argsHash: a.args_hash || "" } },
     h("header", {}, h("h2", {}, a.tool_name), " ", badge(tierOf(a.tool_name)), " ", badge(a.status)),
     h("dl", {},
       h("dt", {}, "Session"), h("dd", {}, h("a", { href: `#/sessions/${a.session_id}` }, a.session_id)),
@@ -105,7 +111,7 @@ function approvalCard(a, pending) {
       h("dt", {}, "Undo"), h("dd", { class: "undo" }, undoText(a.tool_name)),
       ruleRows(a),
     ),
-    h("details", { open: true }, h("summary", {}, "Arguments"), h("pre", { class: "json args" }, pretty(a.arguments ?? a.args))),
+    argsView(a),
     diffView(a),
     h("details", { class: "recent-calls", open: true },
       h("summary", {}, `Session ${shortId(a.session_id)}: recent calls`), h("div", { class: "recent" })),
@@ -142,6 +148,17 @@ function updateCard(card, a) {
   updateTimes(card);
   const approvers = card.querySelector(".approvers");
   if (approvers) approvers.textContent = approversText(a);
+}
+
+// The arguments: once an approver changed them, what runs and what the agent asked for.
+function argsView(a) {
+  if (a.approved_args == null) {
+    return h("details", { open: true }, h("summary", {}, "Arguments"), h("pre", { class: "json args" }, pretty(a.arguments ?? a.args)));
+  }
+  return [
+    h("details", { open: true }, h("summary", {}, "Runs with (changed by an approver)"), h("pre", { class: "json args runs-with" }, pretty(a.approved_args))),
+    h("details", { open: true }, h("summary", {}, "Asked for"), h("pre", { class: "json asked-for" }, pretty(a.arguments ?? a.args))),
+  ];
 }
 
 // What an approver changed in the arguments: added, removed and changed keys.
@@ -181,11 +198,13 @@ async function approve(a, card) {
 function confirmIrreversible(a, edited) {
   const dialog = $("#approve-dialog");
   $("#approve-tool").textContent = a.tool_name;
-  $("#approve-args").textContent = pretty(edited ?? a.arguments ?? a.args);
+  const runs = edited ?? runArgs(a);
+  $("#approve-args").textContent = pretty(runs);
   const changed = $("#approve-changed");
-  changed.hidden = edited === undefined;
-  changed.replaceChildren(...(edited === undefined ? [] : [
-    h("p", { class: "warning" }, "You changed the arguments: it runs with the ones above, not with what the agent asked for:"),
+  const differs = edited !== undefined || a.approved_args != null;
+  changed.hidden = !differs;
+  changed.replaceChildren(...(!differs ? [] : [
+    h("p", { class: "warning" }, `${edited !== undefined ? "You" : "An approver"} changed the arguments: it runs with the ones above, not with what the agent asked for:`),
     h("pre", { class: "json" }, pretty(a.arguments ?? a.args))]));
   $("#approve-undo").textContent =
     `UndoLog cannot undo ${a.tool_name}: it is irreversible, so rolling back session ` +
@@ -199,6 +218,8 @@ async function decide(a, verdict, card, args) {
   const body = {}; // who decides is the signed-in key, recorded by the proxy
   if (reason) body.reason = reason;
   if (args !== undefined) body.args = args; // approve with changes (docs/approvals.md)
+  // The arguments this card showed: if they are no longer what would run, 409, nothing runs.
+  if (verdict === "approve" && a.args_hash) body.args_hash = a.args_hash;
   const res = await api(`/approvals/${encodeURIComponent(a.id)}/${verdict}`, { method: "POST", body });
   state.decided.set(a.id, { approval: a, verdict, reason, res, edited: args !== undefined, args });
   card.remove();
@@ -216,7 +237,10 @@ function decidedCard({ approval: a, verdict, reason, res, edited, args }) {
   let outcome;
   if (!res.ok) {
     outcome = h("p", { class: "error" }, res.data?.code === "approval_already_resolved"
-      ? "Already decided elsewhere." : (res.data?.message || "The decision failed."));
+      ? "Already decided elsewhere."
+      : res.data?.code === "approval_args_changed"
+        ? "Not approved: another approver changed the arguments. Review them on the refreshed card."
+        : (res.data?.message || "The decision failed."));
   } else if (verdict === "reject") {
     outcome = h("p", {}, "Rejected", reason ? ` — ${reason}` : "", ". The session is halted.");
   } else if (res.data.execution === "committed") {

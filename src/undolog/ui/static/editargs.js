@@ -1,6 +1,6 @@
 // Approve with changes (docs/dashboard.md, "Approve with changes"): on a pending card of a
-// proxy-executed call, "Edit arguments" opens a JSON editor prefilled with the requested
-// arguments. What it holds is checked before anything is sent: a JSON object, with numbers
+// proxy-executed call, "Edit arguments" opens a JSON editor prefilled with the arguments that
+// would run (another approver's edit, else the requested ones). What it holds is checked before anything is sent: a JSON object, with numbers
 // the browser holds exactly. An SDK-executed call runs the agent's own arguments, so the API
 // refuses changes to it (docs/approvals.md) and its card offers no editor.
 
@@ -25,7 +25,7 @@ export function argsEditor(a) {
   const toggle = h("button", { type: "button", class: "secondary edit-args", "aria-expanded": "false",
     "aria-controls": id, onclick: () => (box.hidden ? open() : close()) }, "Edit arguments");
   function open() {
-    text.value = pretty(original(a));
+    text.value = pretty(runArgs(a));
     box.hidden = false;
     toggle.setAttribute("aria-expanded", "true");
     text.focus();
@@ -41,6 +41,11 @@ export function argsEditor(a) {
 
 function original(a) {
   return a.arguments ?? a.args;
+}
+
+// What runs if approved now: an approver's edit, else the requested arguments.
+export function runArgs(a) {
+  return a.approved_args ?? original(a);
 }
 
 function clearError(text, error) {
@@ -73,7 +78,7 @@ export function editedArgs(card, a) {
     return problem(`A number is too large to edit here exactly (beyond ±${EXACT}); use the CLI: ` +
       `undolog approvals approve ${a.id} --args '...'. Nothing was sent.`);
   }
-  return { ok: true, args: canonical(value) === canonical(original(a)) ? undefined : value };
+  return { ok: true, args: canonical(value) === canonical(runArgs(a)) ? undefined : value };
 }
 
 // The top-level keys an approver added, removed or changed: the shape of the API's `args_diff`
