@@ -23,6 +23,11 @@ it against the stored head and the operator's anchors (`Anchor`: `n:hash` kept o
 database), so a row changed after it was exported is found by the next export, incremental or
 not, and a history rewritten after the stored head was deleted does not match a kept anchor.
 
+Retention deletes old events; each leaves a mark (migration 25: its number and its record's
+hash, computed in the prune's transaction by `pruned_hashes`), which the chain takes in the
+event's place: the pruned records are counted, a gap without a mark is still a gap, and a
+forged mark of an exported event breaks the chain at the anchor or head that export took.
+
 `export_org` and `verify_org` read the store; the rest is pure.
 """
 

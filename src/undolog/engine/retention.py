@@ -14,7 +14,9 @@ so a call waits for one short batch at most. On SQLite the prune pauses between 
 (`SQLITE_PAUSE_SECONDS`): a writer of another process (the server, while `undolog prune`
 runs) waits for the lock by polling, up to every 100 ms, and would otherwise keep missing the
 short gaps between batches. Events go afterwards, walked in id order: an
-event older than the retention goes when its session is gone (or it has none).
+event older than the retention goes when its session is gone (or it has none), leaving a mark
+for the audit chain in the same transaction (the hash of its record; docs/audit.md,
+"Retention"); a batch of sessions keeps its effects' audit `call` until their events are gone.
 
 MCP tasks (migration 19) are not kept by retention but by their own `ttl`: `expire_tasks`
 deletes every org's expired task rows, a batch at a time, in the same sweep.

@@ -232,9 +232,9 @@ class RetentionSql(AccountSql):
             )
 
     async def delete_pruned_calls(self, org_id: str, before_us: int) -> int:
-        """Forget the calls of effects pruned before `before_us`; how many went."""
+        """Forget the calls of effects pruned at or before `before_us`; how many went."""
         return await self._execute(
-            "DELETE FROM audit_pruned_calls WHERE org_id = ? AND pruned_us < ?",
+            "DELETE FROM audit_pruned_calls WHERE org_id = ? AND pruned_us <= ?",
             org_id,
             before_us,
         )
