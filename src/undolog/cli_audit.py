@@ -98,7 +98,11 @@ def audit_export(
         if output:
             out.close()
     report = sys.stdout if output else sys.stderr
-    print(f"wrote {result.written} records of org {org} ({result.count} in the chain)", file=report)
+    pruned = f", {_pruned(result.pruned)}" if result.pruned else ""
+    print(
+        f"wrote {result.written} records of org {org} ({result.count} in the chain{pruned})",
+        file=report,
+    )
     print(f"chained on: {result.prev}", file=report)
     print(f"head: {result.head}", file=report)
     if result.problem is not None:
@@ -201,7 +205,8 @@ def _verify_files(
         where = f"{file}: line {line - first + 1}" if len(files) > 1 else f"{file}: line {line}"
         typer.echo(f"{where}: {verdict.reason}", err=True)
         raise typer.Exit(1)
-    typer.echo(f"{name}: OK, {verdict.records} records, head {verdict.head}")
+    pruned = f" ({_pruned(verdict.pruned)})" if verdict.pruned else ""
+    typer.echo(f"{name}: OK, {verdict.records} records{pruned}, head {verdict.head}")
 
 
 def _org_of(lines: list[str]) -> str | None:
@@ -226,7 +231,12 @@ def _verify_database(
     if not check.ok:
         typer.echo(f"org {org}: record {check.at}: {check.problem}", err=True)
         raise typer.Exit(1)
-    typer.echo(f"org {org}: OK, {check.count} records, head {check.anchor or '-'}")
+    pruned = f" ({_pruned(check.pruned)})" if check.pruned else ""
+    typer.echo(f"org {org}: OK, {check.count} records{pruned}, head {check.anchor or '-'}")
+
+
+def _pruned(count: int) -> str:
+    return f"{count} {'event' if count == 1 else 'events'} pruned by retention"
 
 
 @audit_app.command("head")

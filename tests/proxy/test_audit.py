@@ -8,6 +8,7 @@ finds every edited, removed, swapped, inserted or cut line (docs/audit.md).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import subprocess
@@ -21,6 +22,9 @@ from tests.proxy.conftest import ProxyHarness
 from tests.proxy.test_rollback import EMAIL, RECORD, TRANSFER, call, new_session, on_store, register
 from tests.support.servers import undolog_command
 from undolog.engine.audit import GENESIS
+from undolog.engine.model import now_us
+from undolog.engine.retention import DAY_US, Retention
+from undolog.store import open_store
 
 
 def audit(*args: str) -> subprocess.CompletedProcess[str]:
@@ -361,3 +365,49 @@ def test_the_database_chain_verifies_against_its_anchors(
                   "--anchor-file", str(anchors), "--head", second["anchor"])  # fmt: skip
     assert both.returncode == 0, both.stderr
     assert first["anchor"] != second["anchor"]
+
+
+def test_an_org_that_prunes_exports_and_verifies_with_the_pruned_counted(
+    proxy: ProxyHarness, tmp_path: Path
+) -> None:
+    """Retention deletes events with a mark each (migration 25): the CLI's next export and
+    the database check go on through them, counting them (issue 22, point 7)."""
+    sessions = [new_session(), new_session()]
+    with proxy.client(proxy.agent_key) as agent:
+        for session in sessions:
+            call(agent, session, "send_email", EMAIL, 1)
+            assert agent.post(f"/sessions/{session}/complete").status_code == 200
+    anchors = tmp_path / "anchors.txt"
+    first = export(proxy, tmp_path / "first.jsonl", "--anchor-file", str(anchors))
+    exported = len(records(tmp_path / "first.jsonl"))
+
+    async def prune() -> int:
+        store = await open_store(proxy.database_url)
+        try:
+            later = now_us() + 2 * DAY_US
+            counts = await Retention(store, clock_us=lambda: later).prune_org(proxy.org_id, 1)
+        finally:
+            await store.close()
+        return counts.events
+
+    pruned = asyncio.run(prune())
+    with proxy.client(proxy.agent_key) as agent:
+        call(agent, new_session(), "send_email", EMAIL, 1)
+    done = audit(
+        "export", "--org", proxy.org_id, "--database-url", proxy.database_url,
+        "--output", str(tmp_path / "second.jsonl"), "--anchor-file", str(anchors),
+    )  # fmt: skip
+    checked = audit("verify", "--org", proxy.org_id, "--database-url", proxy.database_url,
+                    "--anchor-file", str(anchors))  # fmt: skip
+    files = verify(tmp_path / "first.jsonl", tmp_path / "second.jsonl",
+                   "--anchor-file", str(anchors))  # fmt: skip
+
+    assert pruned == exported  # every event of the two finished sessions
+    count = exported + len(records(tmp_path / "second.jsonl"))
+    what = f"{pruned} events pruned by retention"
+    assert done.returncode == 0, done.stderr
+    assert f"({count} in the chain, {what})" in done.stdout
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.startswith(f"org {proxy.org_id}: OK, {count} records ({what}), head")
+    assert files.returncode == 0, files.stderr  # the kept files hold the pruned records
+    assert first["anchor"] in anchors.read_text()

@@ -23,13 +23,18 @@ it against the stored head and the operator's anchors (`Anchor`: `n:hash` kept o
 database), so a row changed after it was exported is found by the next export, incremental or
 not, and a history rewritten after the stored head was deleted does not match a kept anchor.
 
+Retention deletes old events; each leaves a mark (migration 25: its number and its record's
+hash, computed in the prune's transaction by `pruned_hashes`), which the chain takes in the
+event's place: the pruned records are counted, a gap without a mark is still a gap, and a
+forged mark of an exported event breaks the chain at the anchor or head that export took.
+
 `export_org` and `verify_org` read the store; the rest is pure.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -49,9 +54,12 @@ __all__ = [
     "Verdict",
     "anchor_line",
     "anchors_of",
+    "call_of",
     "chain_record",
     "export_org",
     "iso_us",
+    "pruned_hashes",
+    "pruned_record",
     "record_hash",
     "verify_lines",
     "verify_org",
@@ -74,7 +82,8 @@ def iso_us(us: int) -> str:
     return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _call(effect: EffectRecord) -> dict[str, Any]:
+def call_of(effect: EffectRecord) -> dict[str, Any]:
+    """The `call` of an audit record that names this effect."""
     return {
         "tool_name": effect.tool_name,
         "step_index": effect.step_index,
@@ -87,6 +96,12 @@ def chain_record(
     event: EventRecord, n: int, prev: str, effect: EffectRecord | None
 ) -> dict[str, Any]:
     """The audit record of one event, `n`th in the chain, chained on `prev`."""
+    return _record(event, n, prev, None if effect is None else call_of(effect))
+
+
+def _record(
+    event: EventRecord, n: int, prev: str, call: Mapping[str, Any] | None
+) -> dict[str, Any]:
     record: dict[str, Any] = {
         "n": n,
         "prev": prev,
@@ -98,10 +113,24 @@ def chain_record(
         "effect_id": event.effect_id,
         "data": orjson.loads(event.payload_json),
     }
-    if effect is not None:
-        record["call"] = _call(effect)
+    if call is not None:
+        record["call"] = dict(call)
     record["hash"] = record_hash(record)
     return record
+
+
+def pruned_record(n: int, prev: str, hash_: str) -> dict[str, Any]:
+    """The line that stands for record `n`, pruned by retention: its place and its hash,
+    which `verify_lines` cannot recompute (the content is gone) but chains on."""
+    return {"n": n, "prev": prev, "hash": hash_, "pruned": True}
+
+
+def _is_pruned_record(record: Mapping[str, Any]) -> bool:
+    return (
+        record.get("pruned") is True
+        and set(record) == {"n", "prev", "hash", "pruned"}
+        and _is_hash(record["hash"])
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +201,7 @@ class ChainCheck:
     head: str
     problem: str | None = None
     at: int | None = None
+    pruned: int = 0  # records whose event retention pruned (their marks stood in)
 
     @property
     def ok(self) -> bool:
@@ -220,37 +250,81 @@ class _Checker:
             )
 
 
-async def _rebuild(
+async def _walk(
     q: Queries,
     org_id: str,
+    start: tuple[int, str],
+    last: int,
     check: _Checker,
-    on_record: Callable[[dict[str, Any], EventRecord], object],
-) -> tuple[int, str, int]:
-    """Rebuild the org's chain from the genesis, every event in sequence order; returns
-    (records, head hash, last event id). Gaps in the sequence go to `check`."""
-    last = await q.last_audit_seq(org_id)  # first: every number up to it is committed
-    n, prev, last_event, after = 0, GENESIS, 0, 0
-    effects: dict[str, EffectRecord | None] = {}
+    on_record: Callable[[dict[str, Any], EventRecord | None], object],
+) -> tuple[int, str, int, int]:
+    """Walk the org's chain in number order after record `start` (number, hash) up to
+    `last`: each event becomes its record; a mark retention left for a pruned event
+    (migration 25) stands in for it, its hash carrying the chain on (`on_record` gets
+    `pruned_record`, and no event). Returns (last number, its hash, last event id, pruned
+    records); gaps go to `check`."""
+    n, prev = start
+    last_event, pruned = 0, 0
+    calls: dict[str, dict[str, Any] | None] = {}
     while True:
-        page = await q.list_audit_events(org_id, after, last, _PAGE)
-        for seq, event in page:
+        page = await q.list_audit_chain(org_id, n, last, _PAGE)
+        for seq, event, pruned_hash in page:
             if seq <= n:
+                if event is None and seq == n:
+                    continue  # a mark of an event still there: the event is the record
                 check.fail(f"event number {seq} is given to two events", seq)
                 continue
             if seq != n + 1:
                 check.gap(n + 1, seq)
             n = seq
-            record = chain_record(event, n, prev, await _effect(q, effects, event))
-            prev, last_event = record["hash"], event.event_id
+            if event is None:
+                assert pruned_hash is not None
+                record = pruned_record(n, prev, pruned_hash)
+                pruned += 1
+            else:
+                record = _record(event, n, prev, await _call_of(q, calls, event))
+                last_event = event.event_id
+            prev = record["hash"]
             check.record(n, prev)
             on_record(record, event)
         if len(page) < _PAGE:
-            break
-        after = page[-1][0]
+            return n, prev, last_event, pruned
+
+
+async def _rebuild(
+    q: Queries,
+    org_id: str,
+    check: _Checker,
+    on_record: Callable[[dict[str, Any], EventRecord | None], object],
+) -> tuple[int, str, int, int]:
+    """Rebuild the org's chain from the genesis, every event in sequence order; returns
+    (records, head hash, last event id, pruned records). Gaps in the sequence go to
+    `check`."""
+    last = await q.last_audit_seq(org_id)  # first: every number up to it is committed
+    n, prev, last_event, pruned = await _walk(q, org_id, (0, GENESIS), last, check, on_record)
     if n < last:
         check.gap(n + 1, last + 1)  # deleted off the end: the counter went further
     check.end(n)
-    return n, prev, last_event
+    return n, prev, last_event, pruned
+
+
+async def pruned_hashes(q: Queries, org_id: str, seqs: Collection[int]) -> dict[int, str]:
+    """The hashes of the audit records of the org's events numbered `seqs` (about to be
+    pruned), as every export computes them: the chain is walked from the last mark of a
+    pruned event below them (or from the genesis), so a prune reads what lies between, not
+    the whole history. Inside the prune's transaction (and its lock: `lock_org_prune`)."""
+    if not seqs:
+        return {}
+    wanted = set(seqs)
+    start = await q.last_audit_pruned_below(org_id, min(wanted)) or (0, GENESIS)
+    found: dict[int, str] = {}
+
+    def keep(record: dict[str, Any], event: EventRecord | None) -> None:
+        if record["n"] in wanted:
+            found[record["n"]] = record["hash"]
+
+    await _walk(q, org_id, start, max(wanted), _Checker((), None), keep)
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +338,7 @@ class AuditExport:
     count: int  # records in the whole chain
     diverged_at: int | None = None  # the chain's record that no longer matches
     problem: str | None = None  # why (a gap, an anchor, the stored head)
+    pruned: int = 0  # records of the chain whose event retention pruned
 
     @property
     def anchor(self) -> Anchor | None:
@@ -302,17 +377,21 @@ async def export_org(
         first_prev: str | None = None
         written = 0
 
-        def emit(record: dict[str, Any], event: EventRecord) -> None:
+        def emit(record: dict[str, Any], event: EventRecord | None) -> None:
             nonlocal first_prev, written
-            if record["n"] <= skip or (since_us is not None and event.created_us < since_us):
+            if record["n"] <= skip:
                 return
+            if since_us is not None and (
+                first_prev is None if event is None else event.created_us < since_us
+            ):
+                return  # a pruned record has no time: written once the window has begun
             first_prev = record["prev"] if first_prev is None else first_prev
             write(canonical_json(record) + "\n")
             written += 1
 
-        n, head, last_event = await _rebuild(q, org_id, check, emit)
+        n, head, last_event, pruned = await _rebuild(q, org_id, check, emit)
     problem, at = check.problem or (None, None)
-    result = AuditExport(org_id, first_prev or head, head, written, n, at, problem)
+    result = AuditExport(org_id, first_prev or head, head, written, n, at, problem, pruned)
     if problem is None and (stored is None or n != stored.record_count):
         record = AuditHeadRecord(org_id, head, last_event, n, now_us)
         async with store.transaction() as q:
@@ -332,18 +411,25 @@ async def verify_org(store: Store, org_id: str, anchors: Iterable[Anchor] = ()) 
         if await q.get_org(org_id) is None:
             raise NotFound(f"org '{org_id}' not found")
         check = _Checker(anchors, await q.get_audit_head(org_id))
-        n, head, _ = await _rebuild(q, org_id, check, lambda record, event: None)
+        n, head, _, pruned = await _rebuild(q, org_id, check, lambda record, event: None)
     problem, at = check.problem or (None, None)
-    return ChainCheck(org_id, n, head, problem, at)
+    return ChainCheck(org_id, n, head, problem, at, pruned)
 
 
-async def _effect(
-    q: Queries, cache: dict[str, EffectRecord | None], event: EventRecord
-) -> EffectRecord | None:
+async def _call_of(
+    q: Queries, cache: dict[str, dict[str, Any] | None], event: EventRecord
+) -> dict[str, Any] | None:
+    """The `call` of the event's effect: from the effect, or, once retention pruned it,
+    from what the prune kept of it (migration 25)."""
     if event.effect_id is None:
         return None
     if event.effect_id not in cache:
-        cache[event.effect_id] = await q.get_effect(event.org_id, event.effect_id)
+        effect = await q.get_effect(event.org_id, event.effect_id)
+        if effect is not None:
+            cache[event.effect_id] = call_of(effect)
+        else:
+            kept = await q.get_pruned_call(event.org_id, event.effect_id)
+            cache[event.effect_id] = None if kept is None else orjson.loads(kept)
     return cache[event.effect_id]
 
 
@@ -357,6 +443,7 @@ class Verdict:
     head: str
     line: int | None = None
     reason: str | None = None
+    pruned: int = 0  # lines that stand for records retention pruned (`pruned_record`)
 
 
 def verify_lines(
@@ -369,13 +456,18 @@ def verify_lines(
     """Check a chain file: every line's hash, every `prev` link and `n` step, the first
     record's `prev` (`prev`, or GENESIS), and, given `head`, the last record's hash (which
     catches lines cut off the end). Each of `anchors` within the file's records must match
-    its record, and none may lie beyond the file's last record."""
+    its record, and none may lie beyond the file's last record.
+
+    A line `pruned_record` wrote (`"pruned": true` and nothing but `n`, `prev`, `hash`)
+    stands for a record whose event retention pruned before the export: its `prev` and `n`
+    are checked, its hash cannot be (the content is gone) but the next line must chain on
+    it, and anchors must match it; such lines are counted in `pruned`."""
     expected_prev = prev or GENESIS
     wanted: dict[int, set[str]] = {}
     for anchor in anchors:
         wanted.setdefault(anchor.n, set()).add(anchor.head)
     last_n: int | None = None
-    count = 0
+    count = pruned = 0
     for number, line in enumerate(lines, 1):
         count = number
         try:
@@ -384,7 +476,9 @@ def verify_lines(
             return Verdict(False, number - 1, expected_prev, number, "not a JSON record")
         if not isinstance(record, dict) or not isinstance(record.get("hash"), str):
             return Verdict(False, number - 1, expected_prev, number, "not an audit record")
-        if record_hash(record) != record["hash"]:
+        if _is_pruned_record(record):
+            pruned += 1
+        elif record_hash(record) != record["hash"]:
             return Verdict(False, number - 1, expected_prev, number, "its hash does not match")
         if record.get("prev") != expected_prev:
             why = (
@@ -408,4 +502,4 @@ def verify_lines(
     if head is not None and head != expected_prev:
         why = f"the last record's hash is {expected_prev}, not the head {head} (lines cut off?)"
         return Verdict(False, count, expected_prev, count + 1, why)
-    return Verdict(True, count, expected_prev)
+    return Verdict(True, count, expected_prev, pruned=pruned)

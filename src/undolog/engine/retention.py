@@ -14,7 +14,9 @@ so a call waits for one short batch at most. On SQLite the prune pauses between 
 (`SQLITE_PAUSE_SECONDS`): a writer of another process (the server, while `undolog prune`
 runs) waits for the lock by polling, up to every 100 ms, and would otherwise keep missing the
 short gaps between batches. Events go afterwards, walked in id order: an
-event older than the retention goes when its session is gone (or it has none).
+event older than the retention goes when its session is gone (or it has none), leaving a mark
+for the audit chain in the same transaction (the hash of its record; docs/audit.md,
+"Retention"); a batch of sessions keeps its effects' audit `call` until their events are gone.
 
 MCP tasks (migration 19) are not kept by retention but by their own `ttl`: `expire_tasks`
 deletes every org's expired task rows, a batch at a time, in the same sweep.
@@ -26,9 +28,11 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
+from undolog.engine.audit import call_of, pruned_hashes
 from undolog.engine.model import now_us
 from undolog.engine.states import ApprovalStatus, EffectState, SessionState, UndoState
 from undolog.store.protocol import Store
+from undolog_sdk.signature import canonical_json
 
 __all__ = [
     "DAY_US",
@@ -220,9 +224,15 @@ class Retention:
                 on_batch(org_id, counts)
             total += counts
             await asyncio.sleep(self.pause_seconds)  # let waiting calls in first
-        events = await self._prune_events(
+        events, walked = await self._prune_events(
             org_id, cutoff, batch_size * EVENTS_PER_SESSION, dry_run, gone, on_batch
         )
+        if walked and not dry_run:
+            # Every event older than the cutoff whose session is gone went: none is left of
+            # an effect pruned before it, so the calls kept for their records can go.
+            async with self.store.transaction() as q:
+                if await q.lock_org_prune(org_id):
+                    await q.delete_pruned_calls(org_id, cutoff)
         return total + PruneCounts(events=events)
 
     async def _session_batch(
@@ -249,6 +259,12 @@ class Retention:
             if dry_run:
                 counts = await q.count_session_rows(org_id, ids)
             else:
+                # The audit chain's records of these effects' events keep their `call`.
+                calls = [
+                    (e.effect_id, canonical_json(call_of(e)))
+                    for e in await q.session_effects(org_id, ids)
+                ]
+                await q.put_pruned_calls(org_id, calls, self._clock())
                 counts = await q.delete_sessions(org_id, ids)
         last_id, last_us = found[-1]
         return PruneCounts.from_tables(counts), (last_us, last_id), ids
@@ -261,9 +277,12 @@ class Retention:
         dry_run: bool,
         gone: set[str],
         on_batch: Callable[[str, PruneCounts], None] | None,
-    ) -> int:
+    ) -> tuple[int, bool]:
         """Walk the org's events oldest first, up to the first one younger than the cutoff;
-        delete those whose session is gone (or that have none)."""
+        delete those whose session is gone (or that have none), each with its mark for the
+        audit chain (the hash of its record, migration 25), in the same transaction.
+        Returns how many, and whether the walk went all the way (not when another pruner
+        was recording this org's marks: it walks them instead)."""
         pruned = 0
         after_id = 0
         while True:
@@ -272,16 +291,22 @@ class Retention:
                 old = [e for e in chunk if e[1] < cutoff]
                 named = sorted({e[2] for e in old if e[2] is not None})
                 kept = await q.existing_sessions(org_id, named) - gone
-            ids = [event_id for event_id, _, session_id in old if session_id not in kept]
-            if ids and not dry_run:
+            going = [(e[0], e[3]) for e in old if e[2] not in kept]
+            if going and not dry_run:
                 async with self.store.transaction() as q:
-                    deleted = await q.delete_events(org_id, ids, cutoff)
+                    if not await q.lock_org_prune(org_id):
+                        return pruned, False
+                    hashes = await pruned_hashes(q, org_id, [seq for _, seq in going])
+                    went = await q.delete_events(org_id, [i for i, _ in going], cutoff)
+                    await q.put_audit_pruned(
+                        org_id, [(seq, hashes[seq]) for seq in went], self._clock()
+                    )
                 if on_batch is not None:
-                    on_batch(org_id, PruneCounts(events=deleted))
-                pruned += deleted
+                    on_batch(org_id, PruneCounts(events=len(went)))
+                pruned += len(went)
             else:
-                pruned += len(ids)
+                pruned += len(going)
             if len(old) < len(chunk) or len(chunk) < limit:
-                return pruned  # reached the young events, or the end
+                return pruned, True  # reached the young events, or the end
             after_id = chunk[-1][0]
             await asyncio.sleep(self.pause_seconds)

@@ -9,6 +9,7 @@ rely on `UNIQUE (org_id, call_signature)` with `ON CONFLICT DO NOTHING` as the s
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -117,6 +118,13 @@ class _PostgresQueries(SqlQueries):
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self._conn = conn
+
+    async def lock_org_prune(self, org_id: str) -> bool:
+        """The org's transaction-scoped advisory lock, without waiting: two pruners never
+        record what they prune of one org at once (each mark's hash is computed from the
+        marks before it)."""
+        key = advisory_key(hashlib.sha256(f"audit-prune:{org_id}".encode()).hexdigest())
+        return bool(await self._conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", key))
 
     async def replace_webhook_subscriptions(
         self, subscriptions: Sequence[tuple[str, str, str]]

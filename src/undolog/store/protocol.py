@@ -333,6 +333,20 @@ class Queries(OperatorQueries, Protocol):
         """The org's events numbered above `after_seq` and up to `upto_seq`, in number order,
         each with its number (migration 24)."""
 
+    async def list_audit_chain(
+        self, org_id: str, after_seq: int, upto_seq: int, limit: int
+    ) -> list[tuple[int, EventRecord | None, str | None]]:
+        """The org's events and retention's marks of pruned events (migration 25) numbered
+        above `after_seq` and up to `upto_seq`, in number order, read at once: (number,
+        event, None) or (number, None, the pruned record's hash); an event comes before a
+        mark of the same number."""
+
+    async def last_audit_pruned_below(self, org_id: str, below_seq: int) -> tuple[int, str] | None:
+        """The org's last mark of a pruned event numbered below `below_seq`: (number, hash)."""
+
+    async def get_pruned_call(self, org_id: str, effect_id: str) -> str | None:
+        """The audit `call` (canonical JSON) kept of a pruned effect (None: none kept)."""
+
     async def count_by_state(self, org_id: str, table: str) -> dict[str, int]:
         """How many rows of an org's `effects`, `sessions` or `approvals` are in each state."""
 

@@ -107,15 +107,38 @@ class OperatorQueries(Protocol):
 
     async def event_chunk(
         self, org_id: str, after_id: int, limit: int
-    ) -> list[tuple[int, int, str | None]]:
-        """The org's next `limit` (event id, created_us, session id) above `after_id`."""
+    ) -> list[tuple[int, int, str | None, int]]:
+        """The org's next `limit` (event id, created_us, session id, audit_seq) above
+        `after_id`."""
 
     async def existing_sessions(self, org_id: str, session_ids: Sequence[str]) -> set[str]:
         """Which of these sessions the org still has."""
 
-    async def delete_events(self, org_id: str, event_ids: Sequence[int], cutoff_us: int) -> int:
+    async def delete_events(
+        self, org_id: str, event_ids: Sequence[int], cutoff_us: int
+    ) -> list[int]:
         """Delete those of these events older than `cutoff_us` whose session is gone (or
-        that have none); how many went."""
+        that have none); the numbers (`audit_seq`) of those that went."""
+
+    async def lock_org_prune(self, org_id: str) -> bool:
+        """Take the org's prune lock for the transaction if free (PostgreSQL: an advisory
+        lock; SQLite: always True, one writer); False when another pruner holds it."""
+
+    async def put_audit_pruned(
+        self, org_id: str, marks: Sequence[tuple[int, str]], now_us: int
+    ) -> None:
+        """Record pruned events (migration 25): (audit_seq, the hash of its audit record)."""
+
+    async def session_effects(self, org_id: str, session_ids: Sequence[str]) -> list[EffectRecord]:
+        """The effects of these sessions."""
+
+    async def put_pruned_calls(
+        self, org_id: str, calls: Sequence[tuple[str, str]], now_us: int
+    ) -> None:
+        """Keep the audit `call` (canonical JSON) of pruned effects: (effect id, call)."""
+
+    async def delete_pruned_calls(self, org_id: str, before_us: int) -> int:
+        """Forget the kept calls of effects pruned before `before_us`; how many went."""
 
     # -- the webhook outbox (migration 14; rows written by a trigger on `events`) ----------
 

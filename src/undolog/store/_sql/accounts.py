@@ -360,6 +360,53 @@ class AccountSql(abc.ABC):
         )  # fmt: skip
         return [(int(r[0]), EVENT.row(tuple(r)[1:])) for r in rows]
 
+    async def list_audit_chain(
+        self, org_id: str, after_seq: int, upto_seq: int, limit: int
+    ) -> list[tuple[int, EventRecord | None, str | None]]:
+        """The org's events and retention's marks (migration 25) numbered above `after_seq`
+        and up to `upto_seq`, in number order, in one statement (one snapshot): (number,
+        event, None) or (number, None, the pruned record's hash); an event before a mark of
+        the same number."""
+        # Typed: a bare NULL in a subquery is TEXT to PostgreSQL, which the UNION refuses.
+        nulls = ", ".join(
+            f"CAST(NULL AS {'BIGINT' if name in ('event_id', 'created_us') else 'TEXT'})"
+            for name in EVENT.names
+        )
+        rows = await self._fetch(
+            "SELECT * FROM (SELECT * FROM ("
+            f"SELECT audit_seq, {EVENT.select()}, NULL AS record_hash FROM events "
+            "WHERE org_id = ? AND audit_seq > ? AND audit_seq <= ? "
+            "ORDER BY audit_seq LIMIT ?) e UNION ALL SELECT * FROM ("
+            f"SELECT audit_seq, {nulls}, record_hash FROM audit_pruned_events "
+            "WHERE org_id = ? AND audit_seq > ? AND audit_seq <= ? "
+            "ORDER BY audit_seq LIMIT ?) p) c ORDER BY audit_seq, record_hash IS NOT NULL LIMIT ?",
+            org_id, after_seq, upto_seq, limit, org_id, after_seq, upto_seq, limit, limit,
+        )  # fmt: skip
+        width = len(EVENT.names)
+        return [
+            (int(r[0]), None, str(r[-1]))
+            if r[-1] is not None
+            else (int(r[0]), EVENT.row(tuple(r)[1 : 1 + width]), None)
+            for r in rows
+        ]
+
+    async def last_audit_pruned_below(self, org_id: str, below_seq: int) -> tuple[int, str] | None:
+        row = await self._fetchrow(
+            "SELECT audit_seq, record_hash FROM audit_pruned_events WHERE org_id = ? "
+            "AND audit_seq < ? ORDER BY audit_seq DESC LIMIT 1",
+            org_id,
+            below_seq,
+        )
+        return (int(row[0]), str(row[1])) if row else None
+
+    async def get_pruned_call(self, org_id: str, effect_id: str) -> str | None:
+        row = await self._fetchrow(
+            "SELECT call_json FROM audit_pruned_calls WHERE org_id = ? AND effect_id = ?",
+            org_id,
+            effect_id,
+        )
+        return str(row[0]) if row else None
+
     async def put_audit_head(self, head: AuditHeadRecord, expect_hash: str | None) -> bool:
         """Store the org's new head, only if the stored one is still `expect_hash` (None:
         no head yet); False when another export moved it first."""

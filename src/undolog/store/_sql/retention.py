@@ -11,6 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from undolog.store._sql.accounts import AccountSql
+from undolog.store._sql.rows import EFFECT
+from undolog.store.records import EffectRecord
+
+_ROWS_PER_INSERT = 500  # 4 values a row: well under either dialect's bound on parameters
 
 # The rows hanging off a batch of sessions, in the order they are deleted (children first:
 # undo entries and approvals reference effects).
@@ -137,17 +141,19 @@ class RetentionSql(AccountSql):
 
     async def event_chunk(
         self, org_id: str, after_id: int, limit: int
-    ) -> list[tuple[int, int, str | None]]:
+    ) -> list[tuple[int, int, str | None, int]]:
         """The org's next `limit` events above `after_id`, oldest first:
-        (event id, created_us, session id)."""
+        (event id, created_us, session id, number in the org's sequence)."""
         rows = await self._fetch(
-            "SELECT event_id, created_us, session_id FROM events "
+            "SELECT event_id, created_us, session_id, audit_seq FROM events "
             "WHERE org_id = ? AND event_id > ? ORDER BY event_id LIMIT ?",
             org_id,
             after_id,
             limit,
         )
-        return [(int(r[0]), int(r[1]), None if r[2] is None else str(r[2])) for r in rows]
+        return [
+            (int(r[0]), int(r[1]), None if r[2] is None else str(r[2]), int(r[3])) for r in rows
+        ]
 
     async def existing_sessions(self, org_id: str, session_ids: Sequence[str]) -> set[str]:
         """Which of these sessions the org still has."""
@@ -161,17 +167,74 @@ class RetentionSql(AccountSql):
         )
         return {str(r[0]) for r in rows}
 
-    async def delete_events(self, org_id: str, event_ids: Sequence[int], cutoff_us: int) -> int:
+    async def delete_events(
+        self, org_id: str, event_ids: Sequence[int], cutoff_us: int
+    ) -> list[int]:
         """Delete these events if they are older than `cutoff_us` and their session is gone
         (or they have none): checked again here, so a session created meanwhile keeps its
-        events. Returns how many went."""
+        events. Returns the numbers (`audit_seq`) of those that went."""
         if not event_ids:
-            return 0
-        return await self._execute(
+            return []
+        rows = await self._fetch(
             f"DELETE FROM events WHERE org_id = ? AND event_id IN ({_marks(event_ids)}) "
             "AND created_us < ? AND (session_id IS NULL OR NOT EXISTS (SELECT 1 FROM "
-            "sessions s WHERE s.org_id = events.org_id AND s.session_id = events.session_id))",
+            "sessions s WHERE s.org_id = events.org_id AND s.session_id = events.session_id)) "
+            "RETURNING audit_seq",
             org_id,
             *event_ids,
             cutoff_us,
+        )
+        return [int(r[0]) for r in rows]
+
+    # -- what the audit chain keeps of what was pruned (migration 25) -------------------------
+
+    async def lock_org_prune(self, org_id: str) -> bool:
+        """Take the org's prune lock for this transaction, if free (False: another pruner
+        holds it). SQLite has one writer: always True."""
+        return True
+
+    async def put_audit_pruned(
+        self, org_id: str, marks: Sequence[tuple[int, str]], now_us: int
+    ) -> None:
+        """Record pruned events: (number, the hash of its audit record)."""
+        for start in range(0, len(marks), _ROWS_PER_INSERT):
+            part = marks[start : start + _ROWS_PER_INSERT]
+            await self._execute(
+                "INSERT INTO audit_pruned_events (org_id, audit_seq, record_hash, pruned_us) "
+                "VALUES " + ", ".join("(?, ?, ?, ?)" for _ in part),
+                *(v for seq, hash_ in part for v in (org_id, seq, hash_, now_us)),
+            )
+
+    async def session_effects(self, org_id: str, session_ids: Sequence[str]) -> list[EffectRecord]:
+        """The effects of these sessions."""
+        if not session_ids:
+            return []
+        rows = await self._fetch(
+            f"SELECT {EFFECT.select()} FROM effects WHERE org_id = ? "
+            f"AND session_id IN ({_marks(session_ids)})",
+            org_id,
+            *session_ids,
+        )
+        return [EFFECT.row(r) for r in rows]
+
+    async def put_pruned_calls(
+        self, org_id: str, calls: Sequence[tuple[str, str]], now_us: int
+    ) -> None:
+        """Keep the `call` (canonical JSON) of pruned effects: (effect id, call)."""
+        for start in range(0, len(calls), _ROWS_PER_INSERT):
+            part = calls[start : start + _ROWS_PER_INSERT]
+            await self._execute(
+                "INSERT INTO audit_pruned_calls (org_id, effect_id, call_json, pruned_us) "
+                "VALUES "
+                + ", ".join("(?, ?, ?, ?)" for _ in part)
+                + " ON CONFLICT (org_id, effect_id) DO NOTHING",
+                *(v for effect_id, call in part for v in (org_id, effect_id, call, now_us)),
+            )
+
+    async def delete_pruned_calls(self, org_id: str, before_us: int) -> int:
+        """Forget the calls of effects pruned at or before `before_us`; how many went."""
+        return await self._execute(
+            "DELETE FROM audit_pruned_calls WHERE org_id = ? AND pruned_us <= ?",
+            org_id,
+            before_us,
         )
