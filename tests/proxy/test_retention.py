@@ -74,7 +74,9 @@ async def test_calls_keep_succeeding_while_a_large_prune_runs(
 ) -> None:
     org_id, key = f"org-{uuid.uuid4().hex[:12]}", new_key()
     # No sweep during the test (its first round runs at start, before the rows exist).
-    server = start_proxy(own_url, demo_upstream.url, org_id, key, retention_sweep_seconds=3600)
+    # The caller calls as fast as the proxy answers: far above a key's default call quota.
+    server = start_proxy(own_url, demo_upstream.url, org_id, key, retention_sweep_seconds=3600,
+                         key_calls_per_second=100_000, key_call_burst=100_000)  # fmt: skip
     try:
         await bulk_seed(own_url, org_id, SESSIONS, EFFECTS, at=NOW)
         store = await open_store(own_url)
