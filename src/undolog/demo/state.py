@@ -52,8 +52,9 @@ class TenantState:
 
     Orgs are kept apart as a shared tool server must keep them (every call names its org in a
     signed header: docs/upstreams.md): org B cannot recall org A's message nor reverse A's
-    transfer, and one idempotency key of A never answers a call of B. Ids come from a sequence shared by all
-    orgs (`ids`), so they are unique on the server and a merged view has no clashes.
+    transfer, and one idempotency key of A never answers a call of B. Ids come from a sequence
+    shared by all orgs (`ids`), so they are unique on the server and a merged view has no
+    clashes.
     """
 
     def __init__(self, ids: dict[str, int]) -> None:
