@@ -40,7 +40,6 @@ __all__ = [
     "UndoLogClient",
     "UndoLogError",
     "UndoLogSession",
-    "__version__",
     "call_signature",
     "canonical_json",
     "current_effect_id",
