@@ -48,7 +48,7 @@ async def start_anchor(
     try:
         import dbos  # noqa: F401
     except ImportError:
-        anchor.reason = "dbos is not installed (pip install 'undolog[bench]')"
+        anchor.reason = "dbos is not installed (pip install -e '.[server]' --group bench)"
         return anchor
     db = f"undolog_bench_{os.getpid()}_dbos"
     try:

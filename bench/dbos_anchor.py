@@ -114,7 +114,7 @@ def main() -> int:
     parser.add_argument("--pool-size", type=int, default=40)
     args = parser.parse_args()
     if not HAVE_DBOS:
-        print("dbos is not installed (pip install 'undolog[bench]')", file=sys.stderr)
+        print("dbos is not installed (pip install -e '.[server]' --group bench)", file=sys.stderr)
         return MISSING_EXIT
     try:
         import uvloop

@@ -1,3 +1,8 @@
 """UndoLog server: the engine, its stores, the HTTP proxy, the CLI and the demo tools."""
 
-__version__ = "0.1.0"
+from importlib import metadata as _metadata
+
+try:  # one source of truth, pyproject's `version`, as installed (also undolog_sdk.__version__)
+    __version__ = _metadata.version("undolog")
+except _metadata.PackageNotFoundError:  # the sources run without being installed
+    __version__ = "0+unknown"

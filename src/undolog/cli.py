@@ -432,16 +432,28 @@ def demo(
         raise typer.Exit(1)
 
 
+def _client_command(name: str, help_text: str) -> None:
+    """List a client command of `cli_ops` here and hand it its arguments untouched: it is
+    written once, with argparse and httpx only, so it also runs without the server extra."""
+    from undolog import cli_ops
+
+    settings = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+    def forward(ctx: typer.Context) -> None:
+        raise typer.Exit(cli_ops.main([name, *ctx.args]))
+
+    app.command(name, help=help_text, context_settings=settings, add_help_option=False)(forward)
+
+
 def _add_operator_commands() -> None:
     from undolog.cli_audit import audit_app
     from undolog.cli_keys import keys_app
-    from undolog.cli_ops import approvals_app, sessions_app, undo_app
+    from undolog.cli_ops import COMMANDS
     from undolog.cli_retention import prune
 
     app.add_typer(keys_app, name="keys")
-    app.add_typer(approvals_app, name="approvals")
-    app.add_typer(sessions_app, name="sessions")
-    app.add_typer(undo_app, name="undo")
+    for name, help_text in COMMANDS.items():
+        _client_command(name, help_text)
     app.command("prune")(prune)
     app.add_typer(audit_app, name="audit")
 

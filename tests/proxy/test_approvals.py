@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -126,10 +125,28 @@ def test_pending_approvals_are_listed_newest_first_with_the_reference_fields(
     assert newest["effect_id"] == asked[2]["effect_id"]
     assert newest["tool_name"] == "delete_database"
     assert newest["status"] == "pending"
-    # `args` are the raw JSON's bytes, as the reference lists them (`[123, 34, ...]`).
-    assert newest["args"][:2] == [123, 34]
-    assert orjson.loads(bytes(newest["args"])) == {"db_name": "db-3"}
+    # `args` is the JSON object of the call, not its raw JSON's bytes (`[123, 34, ...]`).
+    assert newest["args"] == {"db_name": "db-3"}
     assert newest["arguments"] == {"db_name": "db-3"}
+
+
+def test_args_come_out_as_the_json_object_everywhere_an_approval_is_shown(
+    proxy: ProxyHarness,
+) -> None:
+    session = new_session()
+    args = {"db_name": "db-1", "note": "é ✓", "n": [1, 2]}
+    with proxy.client() as c:
+        asked = await_approval(c, {**drop_db(session, 1, "db-1"), "args": args})
+        approval_id = asked["approval_id"]
+        shown = [
+            *listed(c),
+            *c.get("/approvals", params={"state": "all", "recent_calls": 3}).json(),
+            c.get(f"/approvals/{approval_id}").json(),
+            *c.get(f"/sessions/{session}").json()["approvals"],
+        ]
+    assert len(shown) == 4
+    for approval in shown:
+        assert (approval["id"], approval["args"]) == (approval_id, args), approval
 
 
 def test_the_state_filter_lists_each_kind_of_decision(proxy: ProxyHarness) -> None:

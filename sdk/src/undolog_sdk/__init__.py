@@ -1,5 +1,7 @@
 """UndoLog agent SDK: exactly-once, undoable and approval-gated tool calls."""
 
+from importlib import metadata as _metadata
+
 from undolog_sdk.client import InterceptResponse, ProxyError, UndoLogClient
 from undolog_sdk.decorators import (
     AwaitingApprovalError,
@@ -16,6 +18,18 @@ from undolog_sdk.session import (
 )
 from undolog_sdk.signature import call_signature, canonical_json
 from undolog_sdk.tier import CompensationDescriptor, ToolTier
+
+
+def _installed_version() -> str:
+    """The `undolog` distribution's version, from its installed metadata (one source:
+    pyproject's `version`); `0+unknown` when the sources run without being installed."""
+    try:
+        return _metadata.version("undolog")
+    except _metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _installed_version()
 
 __all__ = [
     "AwaitingApprovalError",

@@ -50,10 +50,11 @@ class TransportFault(Exception):
 class TenantState:
     """What one org's calls did: its own messages, balances, transfers, records, counters.
 
-    Orgs are kept apart as a shared tool server must keep them (DESIGN.md, "Upstream tool
-    server protocol"): org B cannot recall org A's message nor reverse A's transfer, and one
-    idempotency key of A never answers a call of B. Ids come from a sequence shared by all
-    orgs (`ids`), so they are unique on the server and a merged view has no clashes.
+    Orgs are kept apart as a shared tool server must keep them (every call names its org in a
+    signed header: docs/upstreams.md): org B cannot recall org A's message nor reverse A's
+    transfer, and one idempotency key of A never answers a call of B. Ids come from a sequence
+    shared by all orgs (`ids`), so they are unique on the server and a merged view has no
+    clashes.
     """
 
     def __init__(self, ids: dict[str, int]) -> None:

@@ -1,7 +1,7 @@
 """The demo tool server: the upstream the UndoLog proxy calls in the demo, tests and benchmarks.
 
-It speaks the upstream tool server protocol of DESIGN.md (`POST /tools/{name}` answered with a
-ToolResult) and keeps every effect in memory — sent messages, account balances, transfers,
+It speaks the upstream tool server protocol (docs/upstreams.md: `POST /tools/{name}` answered
+with a ToolResult) and keeps every effect in memory — sent messages, account balances, transfers,
 records — so a test can check that a rollback really undid what a call did. It also counts how
 many times each idempotency key ran each tool and logs every call in order, which is how tests
 prove exactly-once execution and LIFO compensation. Some tools exist only to misbehave on demand

@@ -1,4 +1,4 @@
-"""The intercept decision table of DESIGN.md as one pure function.
+"""The intercept decision table as one pure function (its outcomes: `Action`).
 
 Given what the store holds for a call (the existing effect, its approval, the session) and the
 tool's tier, `decide` names the action; the engine carries it out inside the intercept
@@ -43,7 +43,7 @@ def decide(
     idempotent_upstream: bool,
     rule_action: str | None = None,
 ) -> Action:
-    """The action for one intercepted (non-SAFE) call. See DESIGN.md, "the decision table".
+    """The action for one intercepted (non-SAFE) call. Each outcome is one `Action` member.
 
     `rule_action` is the action of the org's policy rule the call matched (`approve`, `deny`,
     `require`; None: no rule). It decides a new call only: a recorded call keeps its recorded

@@ -36,11 +36,11 @@ DEFAULT_LIMIT = 100
 
 
 def reference_approval(record: Any) -> dict[str, Any]:
-    """An approval as the REST reference lists it (`args` as the raw JSON's bytes), plus
-    readable extras (`arguments`, times, who decided and why)."""
+    """An approval: the reference's fields with `args` as the JSON object the call was made
+    with (not the raw JSON's bytes), plus `arguments` (the same object, kept for clients of
+    0.1.0), times, who decided and why."""
     body = approval_json(record)
-    body["arguments"] = body.pop("args")
-    body["args"] = list(record.args_json.encode("utf-8"))
+    body["arguments"] = body["args"]
     return body
 
 

@@ -279,8 +279,8 @@ class Approval(BaseModel):
     session_id: str
     effect_id: str
     tool_name: str
-    arguments: Any = Field(description="the call's arguments")
-    args: list[int] = Field(description="the arguments' raw JSON, as bytes (the reference)")
+    args: Any = Field(description="the call's arguments, as the JSON object it was made with")
+    arguments: Any = Field(description="the same as `args` (kept for clients of 0.1.0)")
     status: str
     created_at: str | None
     timeout_at: str | None

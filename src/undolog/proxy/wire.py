@@ -56,7 +56,7 @@ def loads_exact(body: bytes) -> Any:
     """Parse a request body, keeping integers exact.
 
     orjson silently turns an integer beyond 64 bits into a float, which would make an
-    uncanonicalizable argument (DESIGN.md: integers outside [-2^63, 2^64-1]) look valid.
+    uncanonicalizable argument (an integer outside [-2^63, 2^64-1]) look valid.
     A body with a run of 19+ digits is therefore parsed again by the standard library,
     whose integers are exact, so canonicalisation can refuse them. The fast path stays orjson.
 

@@ -1,7 +1,8 @@
-"""Runs a tool on the upstream tool server (DESIGN.md, "Upstream tool server protocol").
+"""Runs a tool on the upstream tool server (`POST {url}/tools/{name}`, answered with a
+ToolResult `{"success", "output", "error"}`; docs/upstreams.md).
 
 Uses aiohttp rather than httpx's pooled AsyncClient: on these machines httpx's pool collapses
-under concurrency (DESIGN.md, measured facts), and this client is on the hot path.
+under concurrency (measured when this was built), and this client is on the hot path.
 
 Where a call goes is the operator's: a tool names a configured upstream (`undolog.upstreams`),
 never a URL, and every call carries the org's signed header. What goes wrong on the way is
