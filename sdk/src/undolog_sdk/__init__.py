@@ -15,13 +15,14 @@ from undolog_sdk.session import (
     run_with_session,
 )
 from undolog_sdk.signature import call_signature, canonical_json
-from undolog_sdk.tier import CompensationDescriptor, ToolTier
+from undolog_sdk.tier import CompensationDescriptor, TierMismatchWarning, ToolTier
 
 __all__ = [
     "AwaitingApprovalError",
     "CompensationDescriptor",
     "InterceptResponse",
     "ProxyError",
+    "TierMismatchWarning",
     "ToolTier",
     "UndoLogClient",
     "UndoLogError",
