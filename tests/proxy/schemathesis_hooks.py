@@ -31,6 +31,12 @@ what the proxy answered; anything else fails the run. Why each is not a bug of t
 8. ST202 for `POST /approvals/{id}/approve` with `args` for an SDK-executed call: the agent
    runs those with its own arguments, so changed arguments are refused (400), which depends
    on how the call was made, not on the request.
+9. ST202 for `POST /mcp/tool_call` with a declaration the engine refuses: a
+   `declared_compensation` when the call is not in SDK mode (the mode may come from the
+   `X-UndoLog-Mode` header, which the body's schema cannot see) or without a non-null
+   `declared_tier` (a schema's `dependentRequired` still lets it be null), or a `declared_tier` of
+   `compensable` without one over a tool registered `safe` (which depends on the registry).
+   The answer is 400 naming the field (docs/sdk.md, "Declared and registered tiers").
 """
 
 from __future__ import annotations
@@ -75,7 +81,7 @@ def _code(response: Any) -> str:
 
 
 def excused(code: str, operation: str, case: Any, response: Any) -> str | None:
-    """Which exception (1-8) covers this failure, or None."""
+    """Which exception (1-9) covers this failure, or None."""
     message = _message(response)
     if code == "ST202" and response.status_code == 400:
         if _integral_floats(case.body) and ("integer" in message or "whole number" in message):
@@ -94,6 +100,15 @@ def excused(code: str, operation: str, case: Any, response: Any) -> str | None:
             return "7: a rule outside the language"
         if operation == "POST /approvals/{id}/approve" and "proxy-executed" in message:
             return "8: changed args for an SDK-executed call"
+        if operation == "POST /mcp/tool_call" and (
+            message
+            in (
+                "declared_compensation is taken in sdk mode only",
+                "declared_compensation needs a declared_tier",
+            )
+            or message.endswith("is declared compensable: declare its compensation")
+        ):
+            return "9: a declaration that depends on the mode or the registry"
     if code == "ST204" and case.path == "/health":
         return "3: /health answers every method"
     if (

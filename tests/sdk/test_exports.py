@@ -20,6 +20,7 @@ EXPORTS: dict[str, list[str]] = {
         "CompensationDescriptor",
         "InterceptResponse",
         "ProxyError",
+        "TierMismatchWarning",
         "ToolTier",
         "UndoLogClient",
         "UndoLogError",
@@ -55,7 +56,7 @@ EXPORTS: dict[str, list[str]] = {
         "check_idempotent",
         "rollback",
     ],
-    "undolog_sdk.tier": ["CompensationDescriptor", "ToolTier"],
+    "undolog_sdk.tier": ["CompensationDescriptor", "TierMismatchWarning", "ToolTier"],
     "undolog_sdk.signature": ["call_signature", "canonical_json", "signature_of_canonical"],
     "undolog_sdk.upstream": [
         "EFFECT_HEADER",

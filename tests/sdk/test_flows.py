@@ -47,6 +47,11 @@ proxy = proxy_fixtures.proxy
 
 UNDO = CompensationDescriptor.new("undo_it")
 
+# The tools here are named after the demo tools the harness registers, with compensations of
+# their own: the code's compensation applies, with a `TierMismatchWarning` that is the subject
+# of tests/sdk/test_tiers.py, not of these tests.
+pytestmark = pytest.mark.filterwarnings("ignore::undolog_sdk.TierMismatchWarning")
+
 
 def closed_port_client() -> UndoLogClient:
     """A client whose proxy does not exist: any request to it fails to connect."""
@@ -122,9 +127,38 @@ def test_the_decorated_function_keeps_its_name_docstring_and_signature() -> None
 # --- SAFE ---------------------------------------------------------------------------------
 
 
-async def test_a_safe_tool_runs_locally_and_never_touches_the_proxy(
+async def test_a_safe_tool_runs_locally_asking_the_proxy_only_for_the_registry_once(
+    proxy: ProxyHarness, client: UndoLogClient
+) -> None:
+    runs: list[str] = []
+    requests: list[str] = []
+    client._http.event_hooks["request"].append(
+        lambda request: _note(requests, f"{request.method} {request.url.path}")
+    )
+
+    @undolog_tool(tier=ToolTier.SAFE, client=client)
+    async def look_it_up(query: str) -> str:
+        runs.append(query)
+        return f"results for {query}"
+
+    session = UndoLogSession(org_id=proxy.org_id)
+    assert await look_it_up("undo", _session=session) == "results for undo"
+    assert await look_it_up("undo", _session=session) == "results for undo"
+    assert await look_it_up(query="no session") == "results for no session"
+    assert runs == ["undo", "undo", "no session"]
+    assert session._step_index == 0  # SAFE calls take no step
+    assert requests == ["GET /tools"]  # the registry, once: it does not hold the tool
+
+
+async def _note(requests: list[str], line: str) -> None:
+    requests.append(line)
+
+
+async def test_a_safe_tool_outside_a_session_runs_without_a_proxy_and_inside_one_fails_closed(
     offline: UndoLogClient,
 ) -> None:
+    """Inside a session, a SAFE tool is gated if the registry holds it at a stricter tier: a
+    registry that cannot be read cannot say it is not, so the call does not run."""
     runs: list[str] = []
 
     @undolog_tool(tier=ToolTier.SAFE, client=offline)
@@ -132,12 +166,10 @@ async def test_a_safe_tool_runs_locally_and_never_touches_the_proxy(
         runs.append(query)
         return f"results for {query}"
 
-    session = UndoLogSession(org_id="org-nowhere")
-    assert await search_web("undo", _session=session) == "results for undo"
-    assert await search_web("undo", _session=session) == "results for undo"
     assert await search_web(query="no session") == "results for no session"
-    assert runs == ["undo", "undo", "no session"]
-    assert session._step_index == 0  # SAFE calls take no step
+    with pytest.raises(httpx.ConnectError):
+        await search_web("undo", _session=UndoLogSession(org_id="org-nowhere"))
+    assert runs == ["no session"]
 
 
 # --- the session argument -------------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.proxy.conftest import ProxyHarness
 from tests.sdk import test_flows as flows
 from tests.sdk.helpers import session_view
@@ -14,6 +16,12 @@ from undolog_sdk import (
     call_signature,
     undolog_tool,
 )
+
+# The tools here are named after the demo tools the harness registers, with compensations of
+# their own: the code's compensation applies, with a `TierMismatchWarning` that is the subject
+# of tests/sdk/test_tiers.py, not of these tests.
+pytestmark = pytest.mark.filterwarnings("ignore::undolog_sdk.TierMismatchWarning")
+
 
 # The fixtures of test_flows.py (and through it the proxy harness's), used here by name.
 demo_upstream = flows.demo_upstream

@@ -17,7 +17,7 @@ from undolog_sdk.session import (
     run_with_session,
 )
 from undolog_sdk.signature import call_signature, canonical_json
-from undolog_sdk.tier import CompensationDescriptor, ToolTier
+from undolog_sdk.tier import CompensationDescriptor, TierMismatchWarning, ToolTier
 
 
 def _installed_version() -> str:
@@ -36,6 +36,7 @@ __all__ = [
     "CompensationDescriptor",
     "InterceptResponse",
     "ProxyError",
+    "TierMismatchWarning",
     "ToolTier",
     "UndoLogClient",
     "UndoLogError",

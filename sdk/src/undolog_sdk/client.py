@@ -36,7 +36,9 @@ class InterceptResponse:
     | `retry_after`   |         |        | ✓                |
 
     `retry_after` (seconds) is not in the reference: it is the proxy's hint for when to ask
-    again about a call that awaits approval.
+    again about a call that awaits approval. On Execute and AwaitingApproval, `tier` is the
+    tier the call runs under: the stricter of `declared_tier` (the code's) and
+    `registered_tier` (the registry's).
     """
 
     outcome: str
@@ -44,6 +46,9 @@ class InterceptResponse:
     approval_id: str | None = None
     cached_result: dict[str, Any] | None = None
     retry_after: int | None = None
+    tier: str | None = None
+    declared_tier: str | None = None
+    registered_tier: str | None = None
 
 
 class ProxyError(httpx.HTTPStatusError):
@@ -260,6 +265,16 @@ _RESERVED_FIELDS = frozenset(
 )  # fmt: skip
 
 
+def _tiers_of(data: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
+    """`tier`, `declared_tier` and `registered_tier` of an intercept answer (None if absent)."""
+
+    def text(key: str) -> str | None:
+        value = data.get(key)
+        return value if isinstance(value, str) else None
+
+    return text("tier"), text("declared_tier"), text("registered_tier")
+
+
 def _code_of(response: httpx.Response) -> str | None:
     """The `code` of an error answer, if it has one."""
     try:
@@ -320,6 +335,9 @@ class UndoLogClient:
             base_url=self.proxy_url, timeout=DEFAULT_TIMEOUT
         )
         self._registered: set[tuple[str, str]] = set()
+        # The registry as `GET /tools` listed it, read once per org by this client.
+        self._tools: dict[str, dict[str, dict[str, Any]]] = {}
+        self._warned: set[tuple[str, str]] = set()  # (org, tool) mismatches warned about
 
     def _headers(self, org_id: str, session_id: str | None = None) -> dict[str, str]:
         headers = {"X-UndoLog-Org-Id": org_id}
@@ -344,20 +362,31 @@ class UndoLogClient:
         tool_name: str,
         step_index: int,
         args: dict[str, Any],
+        *,
+        declared_tier: str | None = None,
+        compensation: dict[str, Any] | None = None,
     ) -> InterceptResponse:
         """Ask the engine what to do with one call (`POST /mcp/tool_call`, SDK mode).
+
+        `declared_tier` and `compensation` are what the tool's code declares: the call runs
+        under the stricter of that tier and the registry's, and is undone by the declared
+        compensation if given (docs/sdk.md, "Declared and registered tiers").
 
         Raises:
             ProxyError (an httpx.HTTPStatusError): the proxy answered with an error.
             httpx.RequestError: the proxy could not be reached.
         """
-        body = {
+        body: dict[str, Any] = {
             "session_id": session_id,
             "tool_name": tool_name,
             "step_index": step_index,
             "args": args,
             "mode": ExecutionMode.SDK.value,
         }
+        if declared_tier is not None:
+            body["declared_tier"] = declared_tier
+        if compensation is not None:
+            body["declared_compensation"] = compensation
         response = await self._post("/mcp/tool_call", body, self._headers(org_id, session_id))
         data = response.json()
         status = data.get("status")
@@ -373,9 +402,12 @@ class UndoLogClient:
                 data.get("approval_id"),
                 None,
                 retry_after if isinstance(retry_after, int) else None,
+                *_tiers_of(data),
             )
         if status == CallStatus.EXECUTE:
-            return InterceptResponse(Outcome.EXECUTE, data.get("effect_id"))
+            return InterceptResponse(
+                Outcome.EXECUTE, data.get("effect_id"), None, None, None, *_tiers_of(data)
+            )
         if status == CallStatus.EXECUTED:  # a SAFE tool run by the proxy: nothing to do locally
             return InterceptResponse(
                 Outcome.REPLAY, data.get("effect_id"), None, data.get("result")
@@ -396,6 +428,45 @@ class UndoLogClient:
             f"/effects/{effect_id}/fail", {"error": error}, self._headers(org_id, session_id)
         )
 
+    async def registered_tool(self, org_id: str, tool_name: str) -> dict[str, Any] | None:
+        """The registry's entry for a tool (`tier`, `compensation`, ...), or None if the org
+        has none. The registry is listed (`GET /tools`) once per client and org: a tool
+        registered or changed later is seen by clients created after that."""
+        tools = self._tools.get(org_id)
+        if tools is None:
+            response = await self._http.get("/tools", headers=self._headers(org_id))
+            if response.status_code >= 400:
+                _raise_for_error(response)
+            listed = response.json()
+            tools = {t["name"]: t for t in listed if isinstance(t, dict) and "name" in t}
+            self._tools[org_id] = tools
+        return tools.get(tool_name)
+
+    async def ensure_tool(
+        self,
+        org_id: str,
+        tool_name: str,
+        tier: str,
+        compensation: dict[str, Any] | None = None,
+    ) -> dict[str, Any] | None:
+        """Register a tool the registry does not hold yet; done once per client by
+        `@undolog_tool`. A registered tool is left as it is (its registration is not
+        replaced: a call runs under the stricter of its code's tier and the registry's).
+
+        Returns the registry's entry found (None: the tool was registered now).
+
+        Raises:
+            Forbidden: the tool is not registered and the key may not register it (an
+                `agent` key).
+        """
+        entry = await self.registered_tool(org_id, tool_name)
+        if entry is None and (org_id, tool_name) not in self._registered:
+            await self.register_tool(org_id, tool_name, tier, compensation)
+            self._tools.setdefault(org_id, {})[tool_name] = {
+                "name": tool_name, "tier": tier, "compensation": compensation,
+            }  # fmt: skip
+        return entry
+
     async def register_tool(
         self,
         org_id: str,
@@ -403,7 +474,8 @@ class UndoLogClient:
         tier: str,
         compensation: dict[str, Any] | None = None,
     ) -> None:
-        """Register a tool (`PUT /tools/{name}`); done once per client by `@undolog_tool`.
+        """Register (or replace) a tool (`PUT /tools/{name}`), once per client;
+        `@undolog_tool` uses `ensure_tool`, which calls this only for a tool not registered.
 
         An `agent` key may not register tools (`forbidden`): then the tool must already be
         registered (by an admin or the config), whose registration is what applies — this

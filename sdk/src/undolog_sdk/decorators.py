@@ -1,12 +1,18 @@
 """`@undolog_tool`: exactly-once, undoable and approval-gated execution of a local async tool.
 
-SAFE tools run directly and never touch the proxy. COMPENSABLE and IRREVERSIBLE calls take the
-session's next step (before their first await, so calls started together keep their order), sign
-the call, register the tool on first use, ask the proxy for a decision and branch on it: Execute
-runs the body and commits its result (or fails the effect and re-raises); Replay returns the
-recorded result without entering the body; AwaitingApproval raises `AwaitingApprovalError`. A
-call that does not complete (it awaits approval, a duplicate is in progress, the body raised)
-gives its step back, so retrying the same call in the same session maps to the same effect.
+A call runs under the stricter of the tier its code declares and the one the registry holds
+(SAFE < COMPENSABLE < IRREVERSIBLE), with the compensation its code declares; a mismatch warns
+(`TierMismatchWarning`, once per client and tool). SAFE tools run directly: the proxy is asked
+nothing per call, only the registry once per client (a SAFE tool the registry holds as
+COMPENSABLE or IRREVERSIBLE is gated like one; outside a session it is not looked up). Gated
+calls take the session's next step (before their first await, so calls started together keep
+their order), sign the call, register the tool on first use if the registry does not hold it
+(a registration is never replaced), ask the proxy for a decision, sending the code's tier and
+compensation, and branch on it: Execute runs the body and commits its result (or fails the
+effect and re-raises); Replay returns the recorded result without entering the body;
+AwaitingApproval raises `AwaitingApprovalError`. A call that does not complete (it awaits
+approval, a duplicate is in progress, the body raised) gives its step back, so retrying the
+same call in the same session maps to the same effect.
 
 Tool arguments and results travel as JSON: a tool may take and return dicts, lists, strings,
 numbers, booleans and None (tuples come back as lists on a replay).
@@ -19,6 +25,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -28,7 +35,7 @@ from undolog_sdk.client import InterceptResponse, UndoLogClient, default_client
 from undolog_sdk.errors import AwaitingApprovalError
 from undolog_sdk.session import UndoLogSession, get_current_session
 from undolog_sdk.signature import call_signature, canonical_json
-from undolog_sdk.tier import CompensationDescriptor, ToolTier
+from undolog_sdk.tier import CompensationDescriptor, TierMismatchWarning, ToolTier, stricter_tier
 from undolog_sdk.wire import Outcome
 
 __all__ = ["AwaitingApprovalError", "current_effect_id", "undolog_tool", "wrap_tools"]
@@ -91,10 +98,13 @@ def undolog_tool(
             session = kwargs.get(session_param)
             if not takes_session:
                 kwargs.pop(session_param, None)
-            if tier.is_safe:
-                return await fn(*args, **kwargs)
             if session is None:  # an explicit `_session` wins over the current one
                 session = get_current_session()
+            if tier.is_safe and (
+                not isinstance(session, UndoLogSession)
+                or not await _registered_stricter(_client_for(client, session), session, name)
+            ):
+                return await fn(*args, **kwargs)
             if not isinstance(session, UndoLogSession):
                 raise RuntimeError(
                     f"tool '{name}' needs an UndoLogSession: run it inside "
@@ -168,17 +178,26 @@ async def _ask(
         # arguments that are not JSON, fail here (ValueError), before anything is recorded.
         # The proxy computes the same signature from the same inputs.
         signed = call_signature(session.session_id, step, name, call_args)
-        await c.register_tool(
-            session.org_id,
-            name,
-            tier.value,
-            compensation.to_dict() if compensation is not None else None,
-        )
+        declared = compensation.to_dict() if compensation is not None else None
+        entry = await c.ensure_tool(session.org_id, name, tier.value, declared)
+        if entry is not None:
+            _warn_on_mismatch(c, session.org_id, name, tier, declared, entry)
         decision = await _answer_of(
-            c.intercept(session.org_id, session.session_id, name, step, call_args),
+            c.intercept(
+                session.org_id,
+                session.session_id,
+                name,
+                step,
+                call_args,
+                declared_tier=tier.value,
+                compensation=declared,
+            ),
             c,
             session,
         )
+        if decision.registered_tier not in (None, tier.value):  # the registry changed since
+            _warn_on_mismatch(c, session.org_id, name, tier, declared,
+                              {"tier": decision.registered_tier})  # fmt: skip
         # The proxy has seen the session now: leaving the block completes or rolls it back.
         # A call refused before that (not JSON, proxy unreachable) does not.
         session._used = True
@@ -186,6 +205,47 @@ async def _ask(
         session._give_back_step(step)
         raise
     return _Asked(step, signed, decision)
+
+
+async def _registered_stricter(c: UndoLogClient, session: UndoLogSession, name: str) -> bool:
+    """Whether the registry holds a tool its code calls SAFE at a stricter tier (then the call
+    is gated like one). Read once per client: the registry's listing is cached."""
+    entry = await c.registered_tool(session.org_id, name)
+    if entry is None or entry.get("tier") in (None, ToolTier.SAFE.value):
+        return False
+    _warn_on_mismatch(c, session.org_id, name, ToolTier.SAFE, None, entry)
+    return True
+
+
+def _warn_on_mismatch(
+    c: UndoLogClient,
+    org_id: str,
+    name: str,
+    tier: ToolTier,
+    compensation: dict[str, Any] | None,
+    entry: dict[str, Any],
+) -> None:
+    """Warn (once per client and tool) that the code's tier or compensation is not the
+    registry's: the call runs under the stricter tier, with the code's compensation."""
+    registered = entry.get("tier")
+    tier_differs = isinstance(registered, str) and registered != tier.value
+    listed = entry.get("compensation", compensation)
+    compensation_differs = compensation is not None and listed != compensation
+    if not (tier_differs or compensation_differs) or (org_id, name) in c._warned:
+        return
+    c._warned.add((org_id, name))
+    if tier_differs:
+        assert isinstance(registered, str)
+        applies = stricter_tier(tier, ToolTier(registered)).value
+        text = (
+            f"tool '{name}' is declared {tier.value} in code but registered {registered}: "
+            f"it runs as {applies} (the stricter)"
+        )
+    else:
+        text = f"tool '{name}' declares a compensation other than the registered one"
+    if compensation_differs:
+        text += "; the compensation declared in code is the one recorded and run"
+    warnings.warn(text, TierMismatchWarning, stacklevel=4)
 
 
 async def _answer_of(

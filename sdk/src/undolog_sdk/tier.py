@@ -10,7 +10,7 @@ from undolog_sdk.wire import unstorable
 
 # `TIER_VALUES`, `COMPENSATION_LIMITS` and `check_compensation_integer` are for the server
 # side (the config loaders); the public names stay those of the reference.
-__all__ = ["CompensationDescriptor", "ToolTier"]
+__all__ = ["CompensationDescriptor", "TierMismatchWarning", "ToolTier"]
 
 
 class ToolTier(enum.Enum):
@@ -38,6 +38,29 @@ class ToolTier(enum.Enum):
 
 # The tier values in order, for config loaders and schemas that list them.
 TIER_VALUES: tuple[str, ...] = tuple(tier.value for tier in ToolTier)
+
+# How strict each tier's gate is: SAFE < COMPENSABLE < IRREVERSIBLE.
+_STRICTNESS = {tier: rank for rank, tier in enumerate(ToolTier)}
+
+
+def stricter_tier(first: ToolTier, second: ToolTier | None) -> ToolTier:
+    """The stricter of two tiers (SAFE < COMPENSABLE < IRREVERSIBLE); `second` None: `first`.
+
+    When the tier a tool's code declares and the one the registry holds differ, the call runs
+    under this one (the SDK and the engine both apply it): nothing lowers a gate.
+    """
+    if second is None or _STRICTNESS[first] >= _STRICTNESS[second]:
+        return first
+    return second
+
+
+class TierMismatchWarning(UserWarning):
+    """The tier (or compensation) a tool's code declares is not the one the registry holds.
+
+    The call runs under the stricter tier, and with the compensation the code declares
+    (docs/sdk.md, "Declared and registered tiers"); align the two to silence it.
+    """
+
 
 # Ranges a compensation's integers must stay in. The store keeps them in 32-bit columns; past
 # these bounds a value is a mistake anyway (more retries than anyone waits for, a backoff

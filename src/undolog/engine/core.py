@@ -11,6 +11,7 @@ them to the wire.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import uuid
 from collections.abc import Awaitable, Callable
@@ -18,7 +19,7 @@ from typing import Any
 
 from undolog.engine.decide import Action, decide
 from undolog.engine.effects import ANSWERED_STATES, Plan
-from undolog.engine.intents import Intents
+from undolog.engine.intents import Intents, declared_tiers
 from undolog.engine.model import (
     ORG_WIDE,
     Actor,
@@ -40,6 +41,7 @@ from undolog.engine.states import (
     EffectState,
     SessionState,
 )
+from undolog.engine.tiers import applied, declared
 from undolog.store.protocol import NewCall, NewRecords, Queries, Store
 from undolog.store.records import (
     ApprovalRecord,
@@ -135,8 +137,15 @@ class Engine(Intents):
         tool_version: str | None = None,
         mode: str = ExecutionMode.PROXY,
         actor: Actor = ORG_WIDE,
+        declared_tier: str | None = None,
+        declared_compensation: Any = None,
     ) -> Decision:
         """Decide what happens to one tool call, durably, before anything runs.
+
+        `declared_tier` (and `declared_compensation`, SDK mode only: the SDK runs it) are what
+        the caller's code declares: the call runs under the stricter of that tier and the
+        registry's, with the declared compensation if given (`engine/tiers.py`); the
+        decision's `applied` says both tiers.
 
         A session the call creates is recorded as `actor.key_id`'s. An actor held to its own
         sessions (an `agent` key) is refused a session another key owns, before anything is
@@ -161,14 +170,32 @@ class Engine(Intents):
             args_json = canonical_json(args)
         except ValueError as exc:
             raise InvalidRequest(f"args cannot be canonicalised: {exc}") from None
+        if declared_compensation is not None and mode != ExecutionMode.SDK:
+            # The proxy runs a proxy-mode call's compensation on its upstream: only the
+            # registry (an admin, the config) names that, never the caller.
+            raise InvalidRequest("declared_compensation is taken in sdk mode only")
+        declaration = declared(declared_tier, declared_compensation)
         tool = await self.get_tool(org_id, tool_name)
+        applies = None
+        if declaration is not None:
+            applies = applied(tool, declaration)
+            tool = applies.tool
         tier = ToolTier(tool.tier)
         # The org's policy rules, matched before anything is recorded; applied to a new call
         # only (a recorded call keeps its decision). SAFE calls are not recorded: no rules.
         rule = None if tier.is_safe else await self.match_rule(org_id, tool_name, args)
         call = Call(
-            org_id, session_id, tool, tier, args, args_json, tool_version, mode, actor, rule
-        )
+            org_id, session_id, tool, tier, args, args_json, tool_version, mode, actor, rule,
+            applies,
+        )  # fmt: skip
+        decision = await self._decide_call(call, step_index)
+        return decision if applies is None else dataclasses.replace(decision, applied=applies)
+
+    async def _decide_call(self, call: Call, step_index: int | None) -> Decision:
+        """`intercept` once the call's inputs are checked and its tool and rule are known."""
+        org_id, session_id, tool, tier, actor = (
+            call.org_id, call.session_id, call.tool, call.tier, call.actor
+        )  # fmt: skip
         one_call = step_index is not None and self._records_new(call)
         if actor.own_sessions_only and not one_call:
             # Checked before any read that could replay the session's calls; the store's
@@ -181,7 +208,7 @@ class Engine(Intents):
             return Decision(Outcome.EXECUTE, new_id(), step_index, None, tool, logged=False)
 
         if step_index is not None:
-            signature = signature_of_canonical(session_id, step_index, tool_name, args_json)
+            signature = signature_of_canonical(session_id, step_index, tool.name, call.args_json)
             fast = await self._execute_new(call, step_index, signature) if one_call else None
             if isinstance(fast, Decision):
                 return fast
@@ -246,7 +273,7 @@ class Engine(Intents):
             # does not pay for an effect, an undo entry and an event it never records.
             effect = self._new_effect(call, step, signature, self._clock(), executing=True)
             built.append(effect)
-            event = (EventType.EFFECT_INTERCEPTED, self._intercepted_payload(effect))
+            event = (EventType.EFFECT_INTERCEPTED, self._intercepted_payload(effect, call))
             return effect, self._new_undo_entry(effect, call.tool), event
 
         try:
@@ -422,7 +449,7 @@ class Engine(Intents):
         org_id, session_id, effect_id = effect.org_id, effect.session_id, effect.effect_id
         if executing:
             undo = self._new_undo_entry(effect, tool)
-            payload = self._intercepted_payload(effect)
+            payload = self._intercepted_payload(effect, call)
             # The intent, its undo entry and its event, together (one statement on PostgreSQL).
             event = EventType.EFFECT_INTERCEPTED
             if not await q.insert_executing_effect(effect, undo, event, payload):
@@ -463,14 +490,17 @@ class Engine(Intents):
             session_id,
             effect_id,
             event_json(
-                {
-                    "stage": "awaiting_approval",
-                    "approval_id": approval.approval_id,
-                    "tool_name": tool.name,
-                    "tier": tool.tier,
-                    "step_index": step,
-                    "rule": approval.rule,
-                }
+                declared_tiers(
+                    {
+                        "stage": "awaiting_approval",
+                        "approval_id": approval.approval_id,
+                        "tool_name": tool.name,
+                        "tier": tool.tier,
+                        "step_index": step,
+                        "rule": approval.rule,
+                    },
+                    call,
+                )
             ),
             now,
         )

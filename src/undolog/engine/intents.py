@@ -53,6 +53,15 @@ def _compensation(compensation_json: str) -> tuple[str, str, str, int, int]:
             descriptor.retry_backoff_ms)  # fmt: skip
 
 
+def declared_tiers(payload: dict[str, Any], call: Call) -> dict[str, Any]:
+    """An event's payload with the declared and registered tiers of a call that declared one
+    (the payload's `tier` is the one it ran under: the stricter)."""
+    if call.applied is not None:
+        payload["declared_tier"] = call.applied.declared_tier.value
+        payload["registered_tier"] = call.applied.registered_tier.value
+    return payload
+
+
 class Intents(Effects):
     """The rows of a new call, for the `Engine`."""
 
@@ -178,11 +187,11 @@ class Intents(Effects):
         return self._undo_entry(effect, tool.compensation_json, effect.created_us)
 
     @staticmethod
-    def _intercepted_payload(effect: EffectRecord) -> str:
-        return event_json(
-            {"stage": EffectState.EXECUTING, "tool_name": effect.tool_name, "tier": effect.tier,
-             "step_index": effect.step_index, "attempt": 1, "mode": effect.mode}
-        )  # fmt: skip
+    def _intercepted_payload(effect: EffectRecord, call: Call) -> str:
+        payload = {"stage": EffectState.EXECUTING, "tool_name": effect.tool_name,
+                   "tier": effect.tier, "step_index": effect.step_index, "attempt": 1,
+                   "mode": effect.mode}  # fmt: skip
+        return event_json(declared_tiers(payload, call))
 
     def _undo_entry(
         self, effect: EffectRecord, compensation_json: str, registered_us: int

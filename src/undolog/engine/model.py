@@ -14,6 +14,7 @@ import blake3
 import orjson
 
 from undolog.engine.rules import Rule
+from undolog.engine.tiers import Applied
 from undolog.store.records import (
     ApprovalRecord,
     EffectRecord,
@@ -78,6 +79,8 @@ class Call:
     mode: str
     actor: Actor
     rule: Rule | None = None  # the org's policy rule this call matched (applied if it is new)
+    # The call declared a tier (SDK mode): what it ran under and why (`engine/tiers.py`).
+    applied: Applied | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,8 @@ class Decision:
     logged: bool = True
     # An Execute of a call an approver changed: the args it runs with (docs/approvals.md).
     args_json: str | None = None
+    # The call declared a tier (SDK mode): declared and registered tiers (`engine/tiers.py`).
+    applied: Applied | None = None
 
 
 @dataclass(frozen=True)

@@ -472,16 +472,34 @@ class ToolCallBody(BaseModel):
     step_index: int | None = Field(None, ge=0, le=4294967295)
     args: JsonObject
     mode: Literal["proxy", "sdk"] = "proxy"
+    declared_tier: Literal["safe", "compensable", "irreversible"] | None = Field(
+        None,
+        description="the tier the caller's code declares; the stricter of it and the "
+        "registry's applies",
+    )
+    declared_compensation: Compensation | None = Field(
+        None,
+        description="sdk mode only: the compensation the caller's code declares; recorded "
+        "(and run on rollback) instead of the registry's",
+    )
+
+
+_TIER = Literal["safe", "compensable", "irreversible"]
 
 
 class ToolCallAnswer(BaseModel):
-    """`executed`/`replayed` carry the result; `execute` tells the SDK to run the tool."""
+    """`executed`/`replayed` carry the result; `execute` tells the SDK to run the tool and
+    names the tier it runs under (`tier`: the stricter of `declared_tier` and
+    `registered_tier`)."""
 
     status: Literal["executed", "replayed", "execute"]
     effect_id: str
     result: Any = None
     step_index: int | None = None
     attempt: int | None = None
+    tier: _TIER | None = None
+    declared_tier: _TIER | None = None
+    registered_tier: _TIER | None = None
 
 
 class ToolCallPending(BaseModel):
@@ -489,6 +507,9 @@ class ToolCallPending(BaseModel):
     approval_id: str | None
     effect_id: str
     retry_after: int
+    tier: _TIER | None = None
+    declared_tier: _TIER | None = None
+    registered_tier: _TIER | None = None
 
 
 class Overview(BaseModel):

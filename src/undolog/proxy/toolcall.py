@@ -26,6 +26,7 @@ from undolog.services.calls import Call, CallOutcome, CallStatus, run_call
 from undolog.services.delivery import AnswerWatch, WatchedResponse
 from undolog.services.tracing import TRACEPARENT, traceparent_of
 from undolog_sdk.errors import InvalidRequest
+from undolog_sdk.tier import TIER_VALUES
 from undolog_sdk.wire import ExecutionMode
 
 MODES = frozenset(ExecutionMode)
@@ -73,7 +74,21 @@ def parse_tool_call(body: bytes) -> dict[str, Any]:
     mode = data.get("mode", ExecutionMode.PROXY)
     if not isinstance(mode, str) or mode not in MODES:  # a list or object: 400, not a 500
         raise InvalidRequest("mode must be 'proxy' or 'sdk'")
+    tier = data.get("declared_tier")
+    if tier is not None and tier not in TIER_VALUES:  # the engine checks the compensation
+        raise InvalidRequest("declared_tier must be 'safe', 'compensable' or 'irreversible'")
     return data
+
+
+def _tiers(decision: Decision) -> dict[str, str | None]:
+    """The tier a call runs under (`tier`), the registry's, and the one its code declared
+    (None: it declared none); the stricter of the two applies (docs/sdk.md)."""
+    applied = decision.applied
+    if applied is None:
+        return {"tier": decision.tool.tier, "declared_tier": None,
+                "registered_tier": decision.tool.tier}  # fmt: skip
+    return {"tier": decision.tool.tier, "declared_tier": applied.declared_tier.value,
+            "registered_tier": applied.registered_tier.value}  # fmt: skip
 
 
 def _step_header(decision: Decision) -> dict[str, str] | None:
@@ -99,6 +114,8 @@ async def tool_call(request: Request) -> Response:
         mode=mode,
         actor=actor(request),
         traceparent=traceparent_of(request.headers.get(TRACEPARENT)),
+        declared_tier=data.get("declared_tier"),
+        declared_compensation=data.get("declared_compensation"),
     )
     if call.step_index is not None or mode != ExecutionMode.PROXY:
         outcome = await run_call(runtime, call, request_id)
@@ -133,6 +150,7 @@ def render_outcome(runtime: Runtime, request_id: str, outcome: CallOutcome) -> R
                 "approval_id": decision.approval_id,
                 "effect_id": decision.effect_id,
                 "retry_after": runtime.retry_after_seconds,
+                **_tiers(decision),
             },
             202,
             headers,
@@ -144,6 +162,7 @@ def render_outcome(runtime: Runtime, request_id: str, outcome: CallOutcome) -> R
                 "effect_id": decision.effect_id,
                 "step_index": decision.step_index,
                 "attempt": decision.attempt,
+                **_tiers(decision),
             },
             200,
             headers,

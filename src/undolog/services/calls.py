@@ -22,6 +22,7 @@ from undolog.engine import Decision, Outcome
 from undolog.engine.approvals import DecisionResult
 from undolog.engine.model import ORG_WIDE, Actor, IntentLost
 from undolog.engine.states import REPLAYABLE_STATES
+from undolog.engine.tiers import Applied
 from undolog.faults import crash_point
 from undolog.logs import LazyLog
 from undolog.services import tracing
@@ -75,6 +76,9 @@ class Call:
     mode: str = ExecutionMode.PROXY
     actor: Actor = ORG_WIDE  # whose key: an agent key uses its own sessions only
     traceparent: str | None = None  # the caller's W3C trace context (services/tracing.py)
+    # What the caller's code declares (SDK mode): the stricter tier applies (engine/tiers.py).
+    declared_tier: str | None = None
+    declared_compensation: Any = None
 
 
 class CallStatus(StrEnum):
@@ -197,6 +201,8 @@ async def _run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcom
                 tool_version=call.tool_version,
                 mode=call.mode,
                 actor=call.actor,
+                declared_tier=call.declared_tier,
+                declared_compensation=call.declared_compensation,
             ),
         )
     except IntentLost as exc:  # never sent: recorded as not run once the store is back
@@ -204,6 +210,8 @@ async def _run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcom
         return refused(exc, log)
     except UndoLogError as exc:
         return refused(exc, log)
+    if decision.applied is not None:
+        _report_mismatch(runtime, decision.applied, log)
     if decision.outcome is Outcome.REPLAY:
         return CallOutcome(CallStatus.REPLAYED, decision, decision.result_json)
     if decision.outcome is Outcome.AWAITING_APPROVAL:
@@ -221,6 +229,38 @@ async def _run_call(runtime: Runtime, call: Call, request_id: str) -> CallOutcom
         execution.result_json,
         commit_pending=execution.commit_pending,
         replayed=execution.replayed,
+    )
+
+
+# (org, tool, declared tier, registered tier, compensation differs) already logged by this
+# process: a mismatch is logged once, not on every call of the tool; the metric counts calls.
+_MISMATCHES_LOGGED: set[tuple[str, str, str, str, bool]] = set()
+_MISMATCHES_LOGGED_MAX = 10_000
+
+
+def _report_mismatch(runtime: Runtime, applied: Applied, log: Any) -> None:
+    """A call whose code declares another tier (or compensation) than the registry holds:
+    counted, and logged once per process (`tier_mismatch`: docs/sdk.md)."""
+    if not applied.tier_mismatch and not applied.compensation_mismatch:
+        return
+    declared, registered = applied.declared_tier.value, applied.registered_tier.value
+    runtime.metrics.tier_mismatches.labels(declared, registered).inc()
+    tool = applied.tool
+    seen = (tool.org_id, tool.name, declared, registered, applied.compensation_mismatch)
+    if seen in _MISMATCHES_LOGGED:
+        return
+    if len(_MISMATCHES_LOGGED) >= _MISMATCHES_LOGGED_MAX:
+        _MISMATCHES_LOGGED.clear()
+    _MISMATCHES_LOGGED.add(seen)
+    log.warning(
+        "tier_mismatch",
+        tool_name=tool.name,
+        declared_tier=declared,
+        registered_tier=registered,
+        tier=tool.tier,
+        compensation="declared (differs from the registry's)"
+        if applied.compensation_mismatch
+        else "as registered",
     )
 
 

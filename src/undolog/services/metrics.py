@@ -87,6 +87,7 @@ class ProxyMetrics:
     effects_in_doubt: Counter
     held_results: Counter
     pruned_rows: Counter
+    tier_mismatches: Counter
     health: HealthMetrics  # saga health: services/health.py
 
     @classmethod
@@ -178,6 +179,13 @@ class ProxyMetrics:
                 "Rows deleted by retention (docs/retention.md), by table: sessions, effects, "
                 "undo_entries, approvals, events.",
                 ["table"],
+                registry=r,
+            ),
+            tier_mismatches=Counter(
+                "undolog_proxy_tier_mismatches_total",
+                "Calls whose code declared another tier (or compensation) than the registry "
+                "holds; they ran under the stricter tier (docs/sdk.md).",
+                ["declared", "registered"],
                 registry=r,
             ),
             health=HealthMetrics.create(r),
