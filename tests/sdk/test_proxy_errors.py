@@ -13,14 +13,16 @@ from undolog_sdk import _compat, client, decorators, errors
 from undolog_sdk.client import ProxyError
 
 # Every class `error_class_for_code` can return: the classes with a code of their own
-# (`AuthMissing` shares `auth_failed` with its parent), and the root for an unknown code.
+# (`AuthMissing` and `InvalidUpstreamSignature` share `auth_failed` with their parent; the
+# latter is a tool server's own refusal, never a proxy's answer), and the root for an unknown
+# code.
 CODED = sorted(
     {
         cls
         for cls in vars(errors).values()
         if isinstance(cls, type) and issubclass(cls, errors.UndoLogError)
     }
-    - {errors.AuthMissing},
+    - {errors.AuthMissing, errors.InvalidUpstreamSignature},
     key=lambda cls: cls.__name__,
 )
 
