@@ -196,12 +196,10 @@ class _Flood(threading.Thread):
     """Keeps PER_ADDRESS connections open from each flood address, each sending its opening
     and then one byte a second; a connection the server closes is opened again at once."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, addresses: list[str]) -> None:
         super().__init__(daemon=True)
         self.port = port
-        self.slots = [
-            (a, KINDS[n % len(KINDS)]) for a in FLOOD_ADDRESSES for n in range(PER_ADDRESS)
-        ]
+        self.slots = [(a, KINDS[n % len(KINDS)]) for a in addresses for n in range(PER_ADDRESS)]
         self.socks: list[socket.socket | None] = [None] * len(self.slots)
         self.stop = threading.Event()
         self.opened = 0
@@ -246,9 +244,13 @@ class _Flood(threading.Thread):
 def test_health_and_an_admin_key_are_answered_through_a_slow_keyless_flood(
     tmp_path: Path,
 ) -> None:
+    # From other addresses than the admin's: from its own, a flood that reconnects thousands
+    # of times a second can still shed the admin's connection before its request is read
+    # (about 1 request in 100 here; docs/deploy.md).
+    addresses = FLOOD_ADDRESSES
     limits = {"max_connections": "64", "max_connections_per_client": "16"}
     with _serve(tmp_path, **limits) as server:
-        flood = _Flood(server.port)
+        flood = _Flood(server.port, addresses)
         flood.start()
         latencies: dict[str, list[float]] = {"health": [], "admin": [], "admin kept alive": []}
         statuses: list[int] = []
@@ -278,7 +280,7 @@ def test_health_and_an_admin_key_are_answered_through_a_slow_keyless_flood(
             flood.join(timeout=30)
     worst = {name: max(values) for name, values in latencies.items()}
     print(  # the figures for the report (pytest -s)
-        f"\nflood: {len(flood.slots)} connections kept open from {len(FLOOD_ADDRESSES)} "
+        f"\nflood: {len(flood.slots)} connections kept open from {len(set(addresses))} "
         f"addresses, {flood.opened} opened, {flood.cut} shed by the server; answered "
         f"{statuses.count(200)}/{len(statuses)}; worst "
         + ", ".join(f"{name} {value * 1000:.0f} ms" for name, value in worst.items())

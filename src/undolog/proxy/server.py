@@ -176,7 +176,7 @@ class Seats:
         own = self.by_client.setdefault(conn.host, {})
         own[conn] = None
         if len(own) > limits.max_connections_per_client and conn.host not in self.trusted:
-            next(iter(own)).shed()  # the oldest: not `conn`, as the cap is at least 1
+            _sheddable(own).shed()  # never `conn`, the newest, as the cap is at least 1
         if len(self.unverified) > limits.unverified_cap or self.open > limits.max_connections:
             victim = self._victim(conn, own)
             if victim is None:
@@ -187,13 +187,13 @@ class Seats:
     def _victim(
         self, conn: BoundedHttpToolsProtocol, own: dict[BoundedHttpToolsProtocol, None]
     ) -> BoundedHttpToolsProtocol | None:
-        oldest_own = next(iter(own))
+        oldest_own = _sheddable(own)
         if oldest_own is not conn and len(own) * len(self.by_client) > self.limits.unverified_cap:
             return oldest_own  # its address holds more than its share
         heaviest = max(self.by_client.values(), key=len)  # only when a light address comes
         if len(heaviest) > len(own):
-            return next(iter(heaviest))
-        oldest = next(iter(self.unverified))
+            return _sheddable(heaviest)
+        oldest = _sheddable(self.unverified)
         return None if oldest is conn else oldest
 
     def verified(self, conn: BoundedHttpToolsProtocol) -> None:
@@ -206,6 +206,25 @@ class Seats:
     def leave(self, conn: BoundedHttpToolsProtocol) -> None:
         self.open -= 1
         self.verified(conn)
+
+
+_SHED_SCAN = 64  # how many of the oldest a victim is looked for among
+
+
+def _sheddable(conns: dict[BoundedHttpToolsProtocol, None]) -> BoundedHttpToolsProtocol:
+    """The oldest of `conns` that is not being answered (a whole request is in: a `/health`
+    or a request whose key is being checked, from the same address as a flood), among the
+    oldest few; else the oldest."""
+    first = None
+    for n, conn in enumerate(conns):
+        if first is None:
+            first = conn
+        if not conn.answering:
+            return conn
+        if n >= _SHED_SCAN:
+            break
+    assert first is not None
+    return first
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -261,6 +280,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._seated:
             self._seated = False
             self.seats.leave(self)
+
+    @property
+    def answering(self) -> bool:
+        """A whole request is in and its answer is being made: shed last."""
+        return self._reading_head and self.cycle is not None and not self.cycle.response_complete
 
     def mark_verified(self) -> None:
         """The edge found valid credentials on this connection: it is never shed."""
