@@ -74,6 +74,18 @@ def test_the_banners_keys_work_for_the_readmes_commands(
     assert waiting.status_code == 202, waiting.text
     approval_id = waiting.json()["approval_id"]
 
+    # `/mcp` lists the demo tools for the agent key, no `[mcp]` config written.
+    listing = httpx.post(
+        f"{server.url}/mcp",
+        json={"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}},
+        headers={"X-Api-Key": agent_key, "Accept": "application/json, text/event-stream",
+                 "MCP-Protocol-Version": "2025-11-25"},
+        timeout=10,
+    )  # fmt: skip
+    assert listing.status_code == 200, listing.text
+    names = {t["name"] for t in listing.json()["result"]["tools"]}
+    assert {"search_web", "send_email", "delete_database"} <= names
+
     # A person's shell: README's `undolog approvals list|approve`, `undolog sessions ...`.
     listed = _undolog(person, "approvals", "list")
     assert listed.returncode == 0 and approval_id in listed.stdout, listed.stderr

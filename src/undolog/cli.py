@@ -202,6 +202,13 @@ def serve(
         demo_secret = secrets.token_urlsafe(32)
         flags["upstream_secret"] = demo_secret
     settings = _settings(**flags)
+    if demo:  # the demo tools at /mcp too, with their tiers (docs/mcp.md, "The demo at /mcp")
+        import dataclasses
+
+        from undolog.demo.catalog import with_demo_mcp_tools
+
+        mcp = with_demo_mcp_tools(settings.mcp, DEMO_ORG)
+        settings = dataclasses.replace(settings, mcp=mcp)
     try:
         count = worker_count(settings)
     except ValueError as exc:
