@@ -29,7 +29,10 @@ from undolog.proxy.edge import MCP_AUTH_ERROR
 
 __all__ = ["demo_upstream", "proxy_factory"]  # fixtures, re-exported
 
-MCP_HEADERS = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+MCP_HEADERS = {
+    "Accept": "application/json, text/event-stream",
+    "MCP-Protocol-Version": "2025-11-25",
+}
 LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
 
 
@@ -52,9 +55,11 @@ async def mcp_client(url: str, api_key: str, session_id: str | None) -> AsyncIte
     headers = {"X-Api-Key": api_key}
     if session_id is not None:
         headers["X-UndoLog-Session-Id"] = session_id
-    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
-        async with Client(streamable_http_client(f"{url}/mcp", http_client=http)) as client:
-            yield client
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30) as http,
+        Client(streamable_http_client(f"{url}/mcp", http_client=http)) as client,
+    ):
+        yield client
 
 
 async def test_a_client_lists_the_demo_tools_and_calls_them_with_their_tiers(
@@ -120,9 +125,15 @@ async def test_the_mcp_client_shows_what_is_wrong_with_the_key(demo: ProxyHarnes
         error = error.exceptions[0]
     assert isinstance(error, MCPError), repr(error)
     assert "invalid or revoked" in error.error.message
-    # A key whose role may not call tools: 403, named too.
+
+
+@pytest.mark.security
+def test_a_role_that_may_not_call_tools_is_named_and_a_bearer_key_works(
+    demo: ProxyHarness,
+) -> None:
     with httpx.Client(base_url=demo.url, timeout=30) as c:
-        refused = c.post("/mcp", json=LIST, headers={**MCP_HEADERS, "X-Api-Key": demo.approver_key})
+        approver = {"X-Api-Key": demo.approver_key}
+        refused = c.post("/mcp", json=LIST, headers={**MCP_HEADERS, **approver})
     assert refused.status_code == 403
     assert "approver key may not use POST /mcp" in refused.json()["error"]["message"]
     # The bearer form of a good key works.

@@ -77,9 +77,13 @@ DEMO_MCP_TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "transfer_funds": (
         "Move money between two accounts. UndoLog can undo it (reverse_transfer).",
-        _schema(["from_account", "to_account", "amount"], from_account=_TEXT,
-                to_account=_TEXT, amount={"type": "number"}),
-    ),  # fmt: skip
+        _schema(
+            ["from_account", "to_account", "amount"],
+            from_account=_TEXT,
+            to_account=_TEXT,
+            amount={"type": "number"},
+        ),
+    ),
     "create_record": (
         "Create a record in a table. UndoLog can undo it (delete_record).",
         _schema(["table"], table=_TEXT, data={"type": "object"}),

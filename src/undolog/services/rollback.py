@@ -206,9 +206,7 @@ async def run_selective_undo(
         raise DependentEffects(session_id, [e.effect_id for e in selection.dependents])
     if not selection.entry_ids:
         return RollbackStatus.EMPTY, None, selection
-    status, error = await _drive(
-        runtime, org_id, session_id, request_id, selection.entry_ids, by
-    )
+    status, error = await _drive(runtime, org_id, session_id, request_id, selection.entry_ids, by)
     return status, error, selection
 
 
