@@ -430,6 +430,8 @@ def _reason(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     text = str(exc).splitlines()[0] if str(exc) else ""
+    if type(exc).__name__ == "MCPError" and text:
+        return text  # the gateway's own words ("the API key is invalid or revoked: ...")
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

@@ -156,5 +156,7 @@ def test_mcp_stdio_with_a_wrong_key_says_so_and_exits_non_zero(demo: ProxyHarnes
         check=False,
     )
     assert done.returncode != 0
-    assert "invalid or revoked" in done.stderr, done.stderr
+    assert done.stderr.startswith(
+        f"error: cannot serve the UndoLog gateway at {demo.url}: the API key is invalid or revoked"
+    ), done.stderr
     assert "Traceback" not in done.stderr
