@@ -208,6 +208,13 @@ def serve(
         demo_secret = secrets.token_urlsafe(32)
         flags["upstream_secret"] = demo_secret
     settings = _settings(**flags)
+    if demo:  # the demo tools at /mcp too, with their tiers (docs/mcp.md, "The demo at /mcp")
+        import dataclasses
+
+        from undolog.demo.catalog import with_demo_mcp_tools
+
+        mcp = with_demo_mcp_tools(settings.mcp, DEMO_ORG)
+        settings = dataclasses.replace(settings, mcp=mcp)
     try:
         count = worker_count(settings)
     except ValueError as exc:
@@ -281,9 +288,9 @@ async def _serve(
 
 
 async def _seed_demo(settings: Settings) -> None:
-    """Create the demo org and tools, revoke the previous demo keys and make two new ones:
-    an agent key (for the agent's calls) and an approver key (for the dashboard and
-    approvals); print how to use them."""
+    """Create the demo org and tools, revoke the previous demo keys and make three new ones:
+    an agent key (the agent's calls), an approver key (a person: the dashboard, approvals,
+    rollbacks) and an admin key (an operator's repairs); print how to use them."""
     from undolog.demo.catalog import DEMO_TOOLS, EXAMPLE_TOOLS
     from undolog.engine import Engine
     from undolog.engine.keys import Keys, KeySource
@@ -300,18 +307,31 @@ async def _seed_demo(settings: Settings) -> None:
         await keys.revoke_source(KeySource.DEMO, DEMO_ORG)
         agent, _ = await keys.create(DEMO_ORG, "demo-agent", "agent", KeySource.DEMO)
         approver, _ = await keys.create(DEMO_ORG, "demo-approver", "approver", KeySource.DEMO)
+        admin, _ = await keys.create(DEMO_ORG, "demo-admin", "admin", KeySource.DEMO)
     finally:
         await store.close()
-    base = f"http://{settings.host}:{settings.port}"
-    typer.echo(
+    typer.echo(demo_banner(f"http://{settings.host}:{settings.port}", agent, approver, admin))
+
+
+def demo_banner(base: str, agent: str, approver: str, admin: str) -> str:
+    """What `serve --demo` prints: the keys, and for each documented command the key it needs
+    (README, "Run the product"): the agent's shell gets the agent key, a person's the
+    approver key (the CLI's approvals and sessions commands), an operator adds the admin key."""
+    return (
         f"UndoLog demo\n  proxy:     {base}\n  dashboard: {base}/ui\n"
+        f"  mcp:       {base}/mcp   (the demo tools, with the agent key as X-Api-Key)\n"
         f"  org:       {DEMO_ORG}\n"
-        f"  agent key:    {agent}   (tool calls: give it to the agent)\n"
-        f"  approver key: {approver}   (sign in to the dashboard, approve or reject)\n"
+        f"  agent key:    {agent}   (the agent: tool calls, the SDK, /mcp, mcp-stdio)\n"
+        f"  approver key: {approver}   (a person: the dashboard, approvals, rollback)\n"
+        f"  admin key:    {admin}   (an operator: `undolog undo retry|resolve`)\n"
         "  (the previous demo keys no longer work)\n"
-        "  for the SDK and `undolog sessions` (the agent key):\n"
+        "  in the agent's shell (the SDK, `undolog mcp-stdio`), the agent key:\n"
         f"    export UNDOLOG_PROXY_URL={base}\n"
         f"    export UNDOLOG_API_KEY={agent}\n"
+        "  in a person's shell (`undolog approvals`, `undolog sessions`), the approver key:\n"
+        f"    export UNDOLOG_PROXY_URL={base}\n"
+        f"    export UNDOLOG_API_KEY={approver}\n"
+        f"  an operator's repairs: undolog undo retry|resolve ENTRY --api-key {admin}\n"
         f"  try:       curl -s {base}/mcp/tool_call -H 'X-Api-Key: {agent}' "
         "-H 'Content-Type: application/json' -d '{\"session_id\": "
         '"7f9c2a4e-1b7d-4c8e-9a51-0d3f6b2e8c10", "tool_name": "send_email", '
@@ -416,6 +436,8 @@ def _reason(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     text = str(exc).splitlines()[0] if str(exc) else ""
+    if type(exc).__name__ == "MCPError" and text:
+        return text  # the gateway's own words ("the API key is invalid or revoked: ...")
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

@@ -97,8 +97,9 @@ async def test_serve_puts_the_config_files_mcp_upstreams_behind_mcp(serve: Proce
         wrong = await other.post(
             f"{serve.url}/mcp", json=body, headers={**accept, "X-Api-Key": "ul_wrong"}
         )
-    assert wrong.status_code == AuthFailed.http_status
-    assert wrong.json()["code"] == AuthFailed.code
+    # Said as an MCP client shows it (a JSON-RPC error), with the spec's 401 challenge.
+    assert wrong.status_code == 401 and "www-authenticate" in wrong.headers
+    assert wrong.json()["error"]["data"]["code"] == AuthFailed.code
 
 
 @pytest.mark.parametrize(

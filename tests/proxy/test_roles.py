@@ -123,6 +123,33 @@ def test_an_approver_reads_and_decides_but_makes_no_tool_calls(proxy: ProxyHarne
             assert approver.get(path).status_code == 200, path
 
 
+def test_an_approver_rolls_back_and_undoes_and_is_recorded_as_who_asked(
+    proxy: ProxyHarness,
+) -> None:
+    undone, rolled = str(uuid.uuid4()), str(uuid.uuid4())
+    with proxy.client(proxy.agent_key) as agent, proxy.client(proxy.approver_key) as approver:
+        for session in (undone, rolled):
+            sent = call(agent, "send_email", session, to="ada@example.com", subject="hi")
+            assert sent.status_code == 200, sent.text
+        entry = approver.get(f"/sessions/{undone}").json()["undo_stack"][0]["entry_id"]
+        one = approver.post(f"/sessions/{undone}/rollback", json={"entries": [entry]})
+        assert (one.status_code, one.json()["outcome"]) == (200, "compensated"), one.text
+        whole = approver.post(f"/sessions/{rolled}/rollback")
+        assert (whole.status_code, whole.json()["outcome"]) == (200, "compensated"), whole.text
+        # Retry and resolve of a compensation stay an operator's (admin) repairs.
+        retry = approver.post(f"/undo/{entry}/retry")
+        assert (retry.status_code, code(retry)) == (403, "forbidden")
+
+        def asked_by(session: str, kind: str) -> list[Any]:
+            events = approver.get("/events/recent", params={"session_id": session}).json()
+            return [e["payload"].get("by") for e in events if e["type"] == kind]
+
+        assert asked_by(undone, "compensation_started") == ["key:approver"]
+        assert asked_by(rolled, "session_compensating") == ["key:approver"]
+        assert asked_by(rolled, "compensation_started") == ["key:approver"]
+    assert proxy.counters("undo_send_email") != {}
+
+
 def test_an_agent_runs_its_session_end_to_end_sdk_reads_included(proxy: ProxyHarness) -> None:
     session = str(uuid.uuid4())
     with proxy.client(proxy.agent_key) as agent:

@@ -67,8 +67,10 @@ def test_signing_in_sets_an_httponly_strict_signed_cookie_without_the_key(
         assert hash_api_key(ui_proxy.api_key) not in token
         session_id = SessionTokens(SECRET.encode()).verify(token)
         assert session_id is not None and ui_proxy.org_id not in token
+        every = dict.fromkeys(("approve", "reject", "rollback", "undo_retry", "undo_resolve"), True)
         assert c.get("/ui/session").json() == {
             "signed_in": True, "org_id": ui_proxy.org_id, "key_name": "admin", "role": "admin",
+            "actions": every,
         }  # fmt: skip
         assert c.get("/sessions").status_code == 200
 
@@ -140,6 +142,11 @@ def test_an_agent_key_cannot_sign_in_to_the_dashboard(ui_proxy: ProxyHarness) ->
         assert "set-cookie" not in refused.headers
         signed_in = sign_in(c, ui_proxy.approver_key)
         assert signed_in.json()["role"] == "approver"
+        # What the page offers it: the permission table's answer for its role.
+        assert signed_in.json()["actions"] == {
+            "approve": True, "reject": True, "rollback": True,
+            "undo_retry": False, "undo_resolve": False,
+        }  # fmt: skip
 
 
 def test_a_revoked_keys_dashboard_session_stops_working(ui_proxy: ProxyHarness) -> None:

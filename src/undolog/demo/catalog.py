@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from undolog.mcp.config import McpSettings, ToolServerTool
 from undolog_sdk.tier import ToolTier
 
-__all__ = ["DEMO_TOOLS", "EXAMPLE_TOOLS"]
+__all__ = ["DEMO_MCP_TOOLS", "DEMO_TOOLS", "EXAMPLE_TOOLS", "with_demo_mcp_tools"]
 
 _SAFE = ToolTier.SAFE.value
 _COMPENSABLE = ToolTier.COMPENSABLE.value
@@ -57,3 +59,50 @@ EXAMPLE_TOOLS: dict[str, dict[str, Any]] = {
     "reserve_seat": {"tier": _COMPENSABLE, "compensation": _example_undo("release_seat")},
     "issue_ticket": {"tier": _COMPENSABLE, "compensation": _example_undo("void_ticket")},
 }
+
+
+def _schema(required: list[str], **properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required}
+
+
+_TEXT: dict[str, Any] = {"type": "string"}
+
+# The demo tools `serve --demo` publishes at `/mcp` (docs/mcp.md, "The demo at /mcp"): the
+# six a person tries from an MCP client, one or two of each tier (the registry says which).
+DEMO_MCP_TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
+    "search_web": ("Search the web (a deterministic demo).", _schema(["query"], query=_TEXT)),
+    "send_email": (
+        "Send an e-mail. UndoLog can undo it (undo_send_email).",
+        _schema(["to", "subject"], to=_TEXT, subject=_TEXT, body=_TEXT),
+    ),
+    "transfer_funds": (
+        "Move money between two accounts. UndoLog can undo it (reverse_transfer).",
+        _schema(
+            ["from_account", "to_account", "amount"],
+            from_account=_TEXT,
+            to_account=_TEXT,
+            amount={"type": "number"},
+        ),
+    ),
+    "create_record": (
+        "Create a record in a table. UndoLog can undo it (delete_record).",
+        _schema(["table"], table=_TEXT, data={"type": "object"}),
+    ),
+    "delete_database": (
+        "Delete a database. Cannot be undone: waits for a person's approval.",
+        _schema(["db_name"], db_name=_TEXT),
+    ),
+    "publish_to_production": (
+        "Publish an artifact to production. Cannot be undone: waits for a person's approval.",
+        _schema(["artifact"], artifact=_TEXT),
+    ),
+}
+
+
+def with_demo_mcp_tools(mcp: McpSettings, org_id: str) -> McpSettings:
+    """`mcp` with the demo tools published at `/mcp` for `org_id` (what `serve --demo` does)."""
+    published = tuple(
+        ToolServerTool(name, description, schema, (org_id,))
+        for name, (description, schema) in DEMO_MCP_TOOLS.items()
+    )
+    return dataclasses.replace(mcp, tool_server_tools=mcp.tool_server_tools + published)

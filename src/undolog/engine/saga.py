@@ -70,8 +70,10 @@ class Saga(Repairs):
     """Rollback of sessions over a store. See the module docstring (an operator's repairs:
     `Repairs`)."""
 
-    async def begin(self, org_id: str, session_id: str) -> SessionRecord:
-        """Move the session to `compensating` (idempotent while it is already there)."""
+    async def begin(self, org_id: str, session_id: str, by: str | None = None) -> SessionRecord:
+        """Move the session to `compensating` (idempotent while it is already there).
+
+        `by`: who asked for the rollback (`key:<name>`), recorded in the event."""
         now = self._clock()
         async with self.store.transaction(lock_key=session_lock_key(org_id, session_id)) as q:
             session = await self._session(q, org_id, session_id)
@@ -82,7 +84,8 @@ class Saga(Repairs):
             await self._withdraw_approvals(q, session, now, "the session was rolled back")
             await q.insert_event(
                 org_id, EventType.SESSION_COMPENSATING, session_id, None,
-                _event({"stage": SessionState.COMPENSATING, "from": session.state}), now,
+                _event({"stage": SessionState.COMPENSATING, "from": session.state,
+                        **({"by": by} if by else {})}), now,
             )  # fmt: skip
             return await self._session(q, org_id, session_id)
 
@@ -125,7 +128,12 @@ class Saga(Repairs):
         return pairs
 
     async def claim(
-        self, org_id: str, session_id: str, runner: str, only: Collection[str] | None = None
+        self,
+        org_id: str,
+        session_id: str,
+        runner: str,
+        only: Collection[str] | None = None,
+        by: str | None = None,
     ) -> Claim | RollbackStatus:
         """Claim the top entry for `runner`, or say why there is nothing to claim.
 
@@ -135,6 +143,8 @@ class Saga(Repairs):
         With `only` (a selective undo, docs/undo.md), the stack is just those entries and
         the session keeps its state: an entry whose call did not commit is left alone (the
         call may still be retried), and the end of the entries closes nothing.
+
+        `by`: who asked for the undo (`key:<name>`), recorded in `compensation_started`.
         """
         if runner not in list(ExecutionMode):
             raise InvalidRequest("runner must be 'proxy' or 'sdk'")
@@ -187,7 +197,7 @@ class Saga(Repairs):
                     return await self._finish(q, session, stack, now)
                 if step.kind is StepKind.RUN:
                     assert step.entry is not None and step.effect is not None
-                    return await self._claim_entry(q, step.entry, step.effect, now)
+                    return await self._claim_entry(q, step.entry, step.effect, now, by)
                 if step.kind is StepKind.FAILED:
                     # A rerun before an operator acted: `begin` reopened the session, but the
                     # failed entry still stops the unwinding, so the session stays failed too.
@@ -301,7 +311,12 @@ class Saga(Repairs):
         return RollbackStatus.COMPENSATED if ran else RollbackStatus.EMPTY
 
     async def _claim_entry(
-        self, q: Queries, entry: UndoEntryRecord, effect: EffectRecord, now: int
+        self,
+        q: Queries,
+        entry: UndoEntryRecord,
+        effect: EffectRecord,
+        now: int,
+        by: str | None = None,
     ) -> Claim:
         check_registered_before_executed(entry, effect)
         org_id = entry.org_id
@@ -323,7 +338,7 @@ class Saga(Repairs):
         await q.insert_event(
             org_id, EventType.COMPENSATION_STARTED, entry.session_id, entry.effect_id,
             _event({"entry_id": entry.entry_id, "fn_name": entry.fn_name,
-                    "attempt": entry.attempts + 1}),
+                    "attempt": entry.attempts + 1, **({"by": by} if by else {})}),
             now,
         )  # fmt: skip
         claimed = await q.get_undo_entry(org_id, entry.entry_id)

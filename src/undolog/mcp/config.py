@@ -46,6 +46,7 @@ __all__ = [
     "McpSettings",
     "McpToolPolicy",
     "McpUpstream",
+    "ToolServerTool",
     "check_mcp_orgs",
     "parse_mcp_settings",
     "tier_for",
@@ -117,6 +118,19 @@ class McpUpstream:
 
 
 @dataclass(frozen=True)
+class ToolServerTool:
+    """A tool of the HTTP tool server (the `default` upstream, `POST /tools/{name}`) that
+    `/mcp` lists as it is, unprefixed, for `orgs`. Its tier is the org's registry's, as for
+    `POST /mcp/tool_call`, and a call runs exactly as one through that route does. Set in code,
+    not in the `[mcp]` table: `serve --demo` publishes the demo tools (docs/mcp.md)."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    orgs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class McpSettings:
     """`approval_url` is where a person approves a call (`{approval_id}` is filled in); by
     default the dashboard's pending approvals on the URL the client reached the proxy by."""
@@ -127,6 +141,7 @@ class McpSettings:
     # How long a `tools/call` that needs an approval waits for the decision before answering
     # "pending" (0 to 55 s: under the ~60 s request timeout of MCP clients; docs/mcp.md).
     approval_wait_seconds: int = DEFAULT_APPROVAL_WAIT_SECONDS
+    tool_server_tools: tuple[ToolServerTool, ...] = ()  # `serve --demo`'s (ToolServerTool)
 
 
 def tier_for(policy: McpToolPolicy | None, read_only_hint: bool | None) -> str:

@@ -104,6 +104,7 @@ from undolog.mcp.requests import (
 )
 from undolog.mcp.results import awaiting, awaiting_text, recorded_result, refusal, with_meta
 from undolog.mcp.tasks import TASK_CALL_KEY, McpTasks, TaskCall, TaskServer
+from undolog.mcp.toolserver import ToolServerTools
 from undolog.mcp.upstreams import GatewayTool, OrgUpstreams, UpstreamPool
 from undolog.services.calls import Call, CallOutcome, CallStatus, refused, run_call
 from undolog.services.decisions import wait_for_decision
@@ -150,6 +151,8 @@ class McpGateway:
         check_mcp_orgs(settings, self._org_ids)
         self.settings = settings
         self.pool = UpstreamPool(settings.upstreams, timeout_seconds=timeout_seconds)
+        # The HTTP tool server's tools published as they are (`serve --demo`'s demo tools).
+        self.tool_server = ToolServerTools(settings.tool_server_tools)
         self.tasks = McpTasks(settings.approval_url)
         self.server = TaskServer(
             "undolog",
@@ -283,6 +286,9 @@ class McpGateway:
 
     def _input_schema(self, name: str) -> dict[str, Any] | None:
         org_id = _CALLER.get()
+        published = self.tool_server.get(org_id, name) if org_id is not None else None
+        if published is not None:
+            return dict(published.input_schema)
         tool = self.pool.for_org(org_id).get(name) if org_id is not None else None
         return tool.tool.input_schema if tool is not None else None
 
@@ -291,6 +297,9 @@ class McpGateway:
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
         tools = [t.tool for t in await self._upstreams(ctx).refresh_tools()]
+        if self._runtime is not None:
+            org_id = str(request_state(ctx).get("org_id"))
+            tools += await self.tool_server.listed(self._runtime, org_id)
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
             tools = [t.model_copy(update={"execution": TASK_OPTIONAL}) for t in tools]
         return ListToolsResult(tools=tools)
@@ -339,33 +348,42 @@ class McpGateway:
         org_id = state.get("org_id")
         if runtime is None or org_id is None:
             raise MCPError(INVALID_REQUEST, "the gateway is not serving this request")
+        args = params.arguments or {}
+        session_id = session_id_of(ctx, ctx.request)
+        request_id = state.get("request_id") or str(uuid.uuid4())
         upstreams = self.pool.for_org(org_id)  # another org's upstream's tool is unknown here
         tool = upstreams.get(params.name)
-        if tool is None:
+        published_tier = None
+        if tool is None and self.tool_server.get(org_id, params.name) is not None:
+            published_tier = await self.tool_server.tier(runtime, org_id, params.name)
+        if tool is None and published_tier is None:
             await upstreams.refresh_tools()
             tool = upstreams.get(params.name)
-        if tool is None:
+        if tool is None and published_tier is None:
             down = upstreams.unavailable(params.name)  # probably a real tool: nothing is recorded
             if down is not None:
                 return refusal(ToolError(down))
             raise MCPError(INVALID_PARAMS, f"Unknown tool: {params.name}")
-        args = params.arguments or {}
-        session_id = session_id_of(ctx, ctx.request)
+        tier = tool.tier if tool is not None else published_tier
         if session_id is None:
-            if tool.tier == ToolTier.SAFE.value:  # a read needs no session: nothing is recorded
+            if tier == ToolTier.SAFE.value:  # a read needs no session: nothing is recorded
                 try:
+                    if tool is None:
+                        return await self.tool_server.pass_through(
+                            runtime, org_id, params.name, args, request_id
+                        )
                     return await upstreams.call_upstream(tool.name, args)
                 except ToolTransportError as exc:
                     return refusal(ToolError(str(exc)))
             raise MCPError(
                 INVALID_PARAMS,
-                f"'{tool.name}' is recorded by UndoLog and needs a session: send the header "
+                f"'{params.name}' is recorded by UndoLog and needs a session: send the header "
                 "X-UndoLog-Session-Id (a UUID) or _meta['undolog/session_id']",
             )
-        request_id = state.get("request_id") or str(uuid.uuid4())
         as_task = asks_for_task(ctx)  # not held for a decision: the task is the wait
         try:
-            await self._register(runtime, org_id, tool)
+            if tool is not None:  # a published tool's registration is the registry's own
+                await self._register(runtime, org_id, tool)
         except UndoLogError as exc:
             log = runtime.log.bind(request_id=request_id, org_id=org_id, session_id=session_id)
             outcome = refused(exc, log)
@@ -373,7 +391,7 @@ class McpGateway:
             call = Call(
                 org_id,
                 session_id,
-                tool.name,
+                params.name,
                 args,
                 actor=actor_of(state),
                 traceparent=traceparent_from(ctx, ctx.request),

@@ -200,6 +200,50 @@ async def _send_error(
     await send({"type": "http.response.body", "body": body})
 
 
+MCP_PATH = "/mcp"
+# JSON-RPC's implementation-defined server error range: the request was not authenticated.
+MCP_AUTH_ERROR = -32001
+NOT_RECOGNISED = "API key not recognised"
+_MCP_MISSING = "the API key is missing: send it as X-Api-Key (or Authorization: Bearer <key>)"
+_MCP_INVALID = "the API key is invalid or revoked: UndoLog does not recognise it"
+
+
+def _bearer(scope: Scope) -> str | None:
+    value = _header(scope, b"authorization")
+    if value is not None and value[:7].lower() == "bearer ":
+        return value[7:].strip() or None
+    return None
+
+
+async def _send_mcp_refusal(send: Send, exc: UndoLogError) -> None:
+    """`/mcp`'s refusal of a request the edge did not let in, as an MCP client shows it: a
+    JSON-RPC error whose message names the problem (clients show that, not the status), with
+    `401` and `WWW-Authenticate` for a missing or unrecognised key (the MCP spec's
+    Authorization section: invalid credentials are a 401) and `403` for a key whose role may
+    not use `/mcp`, or an org header that disagrees with the key (docs/mcp.md)."""
+    if isinstance(exc, AuthMissing) or exc.message == NOT_RECOGNISED:
+        status = 401
+        message = _MCP_MISSING if isinstance(exc, AuthMissing) else _MCP_INVALID
+        challenge = 'Bearer realm="undolog"' + (
+            "" if isinstance(exc, AuthMissing) else ', error="invalid_token"'
+        )
+    else:
+        status, message = 403, f"UndoLog refused the API key: {exc.message}"
+        challenge = 'Bearer realm="undolog", error="insufficient_scope"'
+    body = orjson.dumps({
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": MCP_AUTH_ERROR, "message": message, "data": {"code": exc.code}},
+    })  # fmt: skip
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"www-authenticate", challenge.encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _with_id(send: Send, request_id: str, status_holder: list[int]) -> Send:
     """`send` adding the `X-Request-Id` header to the response and noting its status."""
     rid = request_id.encode()
@@ -327,6 +371,9 @@ class Edge:
                     return
                 receive = body
         except UndoLogError as exc:
+            if path == MCP_PATH and isinstance(exc, AuthFailed | Forbidden):
+                await _send_mcp_refusal(_with_id(send, request_id, status_holder), exc)
+                return
             # The app's one mapping.
             error = answer_error(request_id, exc, path)
             await error(scope, receive, _with_id(send, request_id, status_holder))
@@ -380,12 +427,14 @@ class Edge:
 
     async def _authenticate(self, scope: Scope) -> Principal:
         key = _header(scope, b"x-api-key")
+        if not key and scope["path"] == MCP_PATH:
+            key = _bearer(scope)  # MCP clients often know only bearer tokens
         principal: Principal | None
         if key:
             principal = await self.keys.principal_for_key(key)
             if principal is None:
                 self._failed_attempt(scope)
-                raise AuthFailed("API key not recognised")
+                raise AuthFailed(NOT_RECOGNISED)
         else:
             principal = await self._cookie_principal(scope)
         org_id = principal.org_id

@@ -9,7 +9,8 @@ table is for `admin` keys only, so a route added without a line here is closed, 
   compensations. Never an approval, a tool registration, a resolve. Only its own sessions
   (the ones its calls created), and what belongs to them: see `owners.py`.
 - `approver`: approve and reject, every read, the dashboard, the policy rules (read) and
-  their dry run.
+  their dry run, and rolling back or undoing a session (a person deciding to undo an agent's
+  work; the key's name is recorded as who asked, `by` in the rollback's events).
 - `admin`: everything, among it replacing the policy rules.
 """
 
@@ -71,7 +72,7 @@ PERMISSIONS: dict[tuple[str, str], frozenset[Role]] = {
     ("POST", "/effects/{id}/resolve"): _ADMIN,
     ("GET", "/sessions"): _READ,
     ("GET", "/sessions/{id}"): _READ,
-    ("POST", "/sessions/{id}/rollback"): frozenset({Role.AGENT, Role.ADMIN}),
+    ("POST", "/sessions/{id}/rollback"): _AGENT,
     ("POST", "/sessions/{id}/complete"): frozenset({Role.AGENT, Role.ADMIN}),
     ("POST", "/undo/{entry}/claim"): frozenset({Role.AGENT, Role.ADMIN}),
     ("POST", "/undo/{entry}/complete"): frozenset({Role.AGENT, Role.ADMIN}),

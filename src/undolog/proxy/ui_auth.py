@@ -36,7 +36,7 @@ from starlette.responses import Response
 from undolog.engine.keys import Role
 from undolog.engine.model import now_us
 from undolog.proxy.ratelimit import FailureLimiter, client_address
-from undolog.proxy.roles import Principal
+from undolog.proxy.roles import Principal, route_roles
 from undolog.proxy.wire import error_body, error_response, json_response
 from undolog.store.protocol import Store
 from undolog.store.records import KeyRecord
@@ -269,6 +269,25 @@ def _refused(request: Request, status: int, code: str, message: str) -> Response
     return json_response(error_body(request.state.request_id, code, message), status)
 
 
+# The page's actions and the route each uses: the page shows an action only when the key's
+# role may use its route (`roles.py`, the one permission table), and says why otherwise.
+_ACTIONS = {
+    "approve": ("POST", "/approvals/{id}/approve"),
+    "reject": ("POST", "/approvals/{id}/reject"),
+    "rollback": ("POST", "/sessions/{id}/rollback"),  # a whole session, or one entry (undo)
+    "undo_retry": ("POST", "/undo/{entry}/retry"),
+    "undo_resolve": ("POST", "/undo/{entry}/resolve"),
+}
+
+
+def actions_for(role: Role) -> dict[str, bool]:
+    """Which of the page's actions `role` may use."""
+    return {
+        name: role in route_roles(method, path.replace("{id}", "x").replace("{entry}", "x"))
+        for name, (method, path) in _ACTIONS.items()
+    }
+
+
 @router.post("/ui/login")
 async def login(request: Request) -> Response:
     """Exchange an `approver` or `admin` key for the session cookie (JSON `{"api_key"}` or
@@ -296,7 +315,8 @@ async def login(request: Request) -> Response:
     else:
         response = json_response(
             {"signed_in": True, "org_id": record.org_id, "key_name": record.name,
-             "role": record.role, "expires_at": expires}
+             "role": record.role, "expires_at": expires,
+             "actions": actions_for(Role(record.role))}
         )  # fmt: skip
     _set_cookie(response, request, token, sessions.tokens.ttl_seconds)
     response.headers["Cache-Control"] = "no-store"
@@ -327,5 +347,6 @@ async def whoami(request: Request) -> Response:
         "org_id": principal.org_id if principal else None,
         "key_name": principal.key_name if principal else None,
         "role": principal.role.value if principal else None,
+        "actions": actions_for(principal.role) if principal else {},
     }
     return json_response(body, headers={"Cache-Control": "no-store"})

@@ -114,15 +114,17 @@ async def rollback_session(id: str, request: Request) -> Response:
     request_id: str = request.state.request_id
     await hide_unowned(request, Owned.SESSION, id)
     data = await _body(request, False)
+    by = request.state.principal.decider  # recorded as who asked (docs/undo.md)
     selection: Selection | None = None
     if data:
         entries, after_step, force = _selection(data)
         status, error, selection = await run_selective_undo(
-            runtime, org_id, id, request_id, entries=entries, after_step=after_step, force=force
-        )
+            runtime, org_id, id, request_id,
+            entries=entries, after_step=after_step, force=force, by=by,
+        )  # fmt: skip
     else:
         traceparent = traceparent_of(request.headers.get(TRACEPARENT))
-        status, error = await run_rollback(runtime, org_id, id, request_id, traceparent)
+        status, error = await run_rollback(runtime, org_id, id, request_id, traceparent, by)
     body = await _rollback_body(runtime, org_id, id, selection)
     body["outcome"] = status.value
     if status is RollbackStatus.EMPTY:

@@ -156,10 +156,12 @@ async def run_rollback(
     session_id: str,
     request_id: str,
     traceparent: str | None = None,
+    by: str | None = None,
 ) -> tuple[RollbackStatus, str | None]:
     """Unwind as far as this runner can; returns where the rollback stands.
 
-    Traced as `undolog.rollback`, a child of the caller's `traceparent` if any.
+    Traced as `undolog.rollback`, a child of the caller's `traceparent` if any. `by`: who
+    asked (`key:<name>`), recorded in the rollback's events.
     """
     with (
         tracing.caller_context(traceparent),
@@ -167,16 +169,16 @@ async def run_rollback(
             "undolog.rollback", org=org_id, session_id=session_id, request_id=request_id
         ) as span,
     ):
-        status, error = await _unwind(runtime, org_id, session_id, request_id)
+        status, error = await _unwind(runtime, org_id, session_id, request_id, by)
         tracing.annotate(span, outcome=status.value)
         return status, error
 
 
 async def _unwind(
-    runtime: Runtime, org_id: str, session_id: str, request_id: str
+    runtime: Runtime, org_id: str, session_id: str, request_id: str, by: str | None
 ) -> tuple[RollbackStatus, str | None]:
-    await runtime.saga.begin(org_id, session_id)
-    return await _drive(runtime, org_id, session_id, request_id, None)
+    await runtime.saga.begin(org_id, session_id, by)
+    return await _drive(runtime, org_id, session_id, request_id, None, by)
 
 
 async def run_selective_undo(
@@ -188,6 +190,7 @@ async def run_selective_undo(
     entries: Sequence[str] | None = None,
     after_step: int | None = None,
     force: bool = False,
+    by: str | None = None,
 ) -> tuple[RollbackStatus, str | None, Selection]:
     """Undo chosen entries (`entries`, or every entry after step `after_step`), newest first,
     as far as this runner can; the session keeps its state (docs/undo.md).
@@ -203,7 +206,7 @@ async def run_selective_undo(
         raise DependentEffects(session_id, [e.effect_id for e in selection.dependents])
     if not selection.entry_ids:
         return RollbackStatus.EMPTY, None, selection
-    status, error = await _drive(runtime, org_id, session_id, request_id, selection.entry_ids)
+    status, error = await _drive(runtime, org_id, session_id, request_id, selection.entry_ids, by)
     return status, error, selection
 
 
@@ -213,10 +216,11 @@ async def _drive(
     session_id: str,
     request_id: str,
     only: AbstractSet[str] | None,
+    by: str | None = None,
 ) -> tuple[RollbackStatus, str | None]:
     """Claim and run entries (all, or `only` these) until there is nothing this runner can do."""
     while True:
-        claimed = await runtime.saga.claim(org_id, session_id, ExecutionMode.PROXY, only)
+        claimed = await runtime.saga.claim(org_id, session_id, ExecutionMode.PROXY, only, by)
         if isinstance(claimed, RollbackStatus):
             return claimed, None
         error = await _run_claim(runtime, claimed, request_id)

@@ -36,12 +36,16 @@ function signedOut(message) {
   if (state.org !== null) showLogin(message);
 }
 
-async function start(org) {
+async function start(who) {
+  const org = who.org_id;
   state.org = org;
+  state.role = who.role;
+  state.actions = who.actions || {};
   $("#login").hidden = true;
   $("#nav").hidden = false;
   $("#who").hidden = false;
   $("#org-id").textContent = org;
+  $("#key-name").textContent = who.key_name ? `${who.key_name} (${who.role})` : "";
   const tools = await api("/tools");
   if (tools.ok) state.tools = new Map(tools.data.map((t) => [t.name, t]));
   await loadHistory(); // the feed is not empty after a reload; the stream resumes after it
@@ -62,7 +66,7 @@ async function onLogin(event) {
     $("#login-error").textContent = res.data?.message || "Sign-in failed.";
     return;
   }
-  await start(res.data.org_id);
+  await start(res.data);
 }
 
 async function onSignOut() {
@@ -142,7 +146,7 @@ async function boot() {
   try {
     who = await (await fetch("/ui/session", { credentials: "same-origin" })).json();
   } catch { /* shown as signed out */ }
-  if (who.signed_in) await start(who.org_id);
+  if (who.signed_in) await start(who);
   else showLogin();
 }
 

@@ -109,6 +109,7 @@ function activityItem(e, type) {
   return h("li", { dataset: { type, id: e.id || "" } },
     h("time", {}, e.timestamp ? new Date(e.timestamp).toLocaleTimeString() : ""), " ",
     badge(type), " ", what,
+    p.by ? [" · by ", h("span", { class: "by" }, p.by)] : "", // who asked for a rollback or undo
     e.session_id ? [" · session ", h("a", { href: `#/sessions/${e.session_id}` }, shortId(e.session_id))] : "");
 }
 

@@ -5,7 +5,7 @@ import { api, query } from "./api.js";
 import { $, ask, badge, frame, h, pager, pretty, say, shortId, table, when } from "./dom.js";
 import { HISTORY, activityList } from "./live.js";
 import { sessionsHash } from "./nav.js";
-import { render, state } from "./state.js";
+import { may, needsAdmin, render, state } from "./state.js";
 import { laterPending, undoSome } from "./undo.js";
 
 export const PAGE_SIZE = 20;
@@ -70,20 +70,23 @@ export async function renderSession(view, id, quiet) {
     h("td", {}, e.error ? h("span", { class: "error" }, e.error) : h("pre", { class: "json" }, pretty(e.result))),
     h("td", {}, String(e.replay_count)),
     // Selective undo (docs/undo.md): the entries of the calls after this one.
-    h("td", {}, laterPending(s, e.step_index) ? h("button", { type: "button", class: "secondary undo-after",
+    h("td", {}, may("rollback") && laterPending(s, e.step_index) ? h("button", { type: "button", class: "secondary undo-after",
       onclick: () => undoSome(s.session_id, { after_step: e.step_index }, `every call after step ${e.step_index}`) },
     "Undo after this step") : "")));
   const undo = s.undo_stack.map((u) => h("tr", { dataset: { entry: u.entry_id, state: u.state } },
     h("td", {}, String(u.seq)), h("td", {}, u.fn_name), h("td", {}, badge(u.state)),
     h("td", {}, `${u.attempts} of ${u.max_retries + 1}`), h("td", {}, u.last_error || "—"),
     h("td", {}, u.state === "failed" ? h("div", { class: "actions" },
-      h("button", { type: "button", class: "retry", onclick: () => retryEntry(s.session_id, u) }, "Retry"),
-      h("button", { type: "button", class: "secondary resolve", onclick: () => resolveEntry(u) }, "Resolve"))
-      : u.state === "pending" ? h("button", { type: "button", class: "secondary undo-entry",
+      // An operator's repairs: shown to every role, usable by the roles that may (the reason
+      // is on the button otherwise).
+      h("button", { type: "button", class: "retry", ...adminOnly("undo_retry"), onclick: () => retryEntry(s.session_id, u) }, "Retry"),
+      h("button", { type: "button", class: "secondary resolve", ...adminOnly("undo_resolve"), onclick: () => resolveEntry(u) }, "Resolve"),
+      may("undo_retry") ? null : h("span", { class: "hint" }, "Retry and Resolve need an admin key."))
+      : u.state === "pending" && may("rollback") ? h("button", { type: "button", class: "secondary undo-entry",
         onclick: () => undoSome(s.session_id, { entries: [u.entry_id] }, `${u.fn_name} (entry ${u.seq})`) }, "Undo this") : "")));
   const approvals = s.approvals.map((a) => h("tr", { dataset: { approval: a.id, status: a.status } },
     h("td", {}, a.tool_name), h("td", {}, badge(a.status)), h("td", {}, a.decided_by || "—"), h("td", {}, a.reason || "—")));
-  const canRollback = ROLLBACK_STATES.has(s.state);
+  const canRollback = ROLLBACK_STATES.has(s.state) && may("rollback");
   const sessionActivity = history.ok ? history.data : state.activity.filter((e) => e.session_id === s.session_id);
   const keepFlash = quiet && $("#flash")?.textContent;
   frame(view, `Session ${shortId(s.session_id)}`,
@@ -104,6 +107,11 @@ export async function renderSession(view, id, quiet) {
     h("h2", {}, "Activity"),
     activityList(sessionActivity.slice(0, HISTORY)));
   if (!keepFlash && !quiet) say("");
+}
+
+// A button the role may not use: disabled, with the reason as its title.
+function adminOnly(action) {
+  return may(action) ? {} : { disabled: true, title: needsAdmin() };
 }
 
 async function confirmRollback(sessionId) {

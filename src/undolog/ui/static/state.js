@@ -3,6 +3,8 @@
 
 export const state = {
   org: null,
+  role: null,
+  actions: {}, // what the key's role may do (GET /ui/session): an action it may not is not offered
   events: null,
   lastEventId: null,
   reconnectTimer: null,
@@ -44,8 +46,19 @@ export function forget() {
   clearTimeout(state.refreshTimer);
   state.refreshTimer = null;
   state.org = null;
+  state.role = null;
+  state.actions = {};
   state.decided.clear();
   state.previousCursor.clear();
   state.activity = [];
   state.lastEventId = null;
+}
+
+// Whether the signed-in key's role may use one of the page's actions (docs/dashboard.md).
+export function may(action) {
+  return state.actions[action] === true;
+}
+
+export function needsAdmin() {
+  return `Needs an admin key (you are signed in with ${state.role === "approver" ? "an approver" : "a"} key).`;
 }
