@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from agents import Agent, FunctionTool, RunConfig, Runner, UserError
 from agents.testing import ScriptedModel, assistant_message, function_call
 
 from tests.integrations.booking import booking_tools
-from tests.integrations.conftest import approve
+from tests.integrations.conftest import Restarts, approve
 from tests.proxy.conftest import ProxyHarness
 from tests.sdk.helpers import session_view
 from undolog_sdk import (
@@ -162,6 +163,51 @@ async def test_a_restarted_agent_replays_recorded_calls_and_runs_the_approved_on
         "lookup ada", "book 1A", "lookup ada", "cancel UL1", "lookup ada",
     ]  # fmt: skip
     assert session_view(proxy, session.session_id)["state"] == "completed"
+
+
+def test_a_run_state_restored_from_json_in_a_new_process_runs_the_approved_call_once(
+    proxy: ProxyHarness, tmp_path: Path
+) -> None:
+    """The SDK's own resume (`RunState.to_string` / `RunState.from_string`), each phase in a
+    new process: the resumed call is the same UndoLog call (its step comes from the model's
+    call id, not from a counter in the process)."""
+    run = Restarts(proxy, "openai_agents", tmp_path)
+    started = run("start")
+    assert started["output"] is None
+    (waiting,) = started["waiting"]
+    assert (waiting["tool_name"], waiting["call_id"], waiting["session_id"]) == (
+        "cancel_flight", "c3", run.session_id,
+    )  # fmt: skip
+    assert waiting["args"] == {"flight": "UL1", "reason": "storm"}
+    assert run.ran() == ["lookup ada", "book 1A"]
+
+    # Resumed before anyone decided: the restored state finds the same approval, the run
+    # stops at it again, and no other approval is opened.
+    pending = run("resume")
+    assert pending["still_pending"] == [waiting]
+    assert pending["waiting"] == [waiting]
+    assert run.ran() == ["lookup ada", "book 1A"]
+
+    approve(proxy, waiting["approval_id"])
+    done = run("resume")
+    assert done["still_pending"] == [] and done["waiting"] == []
+    assert done["output"] == "all done"
+    assert done["returns"][-1] == "cancelled UL1"  # the model got the result
+    assert run.ran() == ["lookup ada", "book 1A", "cancel UL1"]  # once
+
+    # A restart from the beginning in yet another process replays the recorded calls.
+    again = run("restart")
+    assert again["output"] == "all done" and again["waiting"] == []
+    assert again["returns"] == ["passenger ada", "{'booked': '1A'}", "cancelled UL1"]
+    assert run.ran() == ["lookup ada", "book 1A", "cancel UL1", "lookup ada"]  # SAFE only
+    view = session_view(proxy, run.session_id)
+    assert [(a["id"], a["status"]) for a in view["approvals"]] == [
+        (waiting["approval_id"], "approved"),
+    ]  # fmt: skip
+    assert [(e["tool_name"], e["state"]) for e in view["effects"]] == [
+        ("book_seat", "committed"), ("cancel_flight", "committed"),
+    ]  # fmt: skip
+    assert view["state"] == "completed"
 
 
 async def test_a_call_rejected_in_undolog_is_rejected_in_the_run_and_never_runs(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import ToolApproved
 
 from tests.integrations.booking import booking_tools
-from tests.integrations.conftest import approve
+from tests.integrations.conftest import Restarts, approve
 from tests.proxy.conftest import ProxyHarness
 from tests.sdk.helpers import session_view
 from undolog_sdk import (
@@ -183,6 +184,45 @@ async def test_a_restarted_agent_replays_recorded_calls_and_runs_the_approved_on
         "lookup ada", "book 1A", "lookup ada", "cancel UL1", "lookup ada",
     ]  # fmt: skip
     assert session_view(proxy, session.session_id)["state"] == "completed"
+
+
+def test_a_resume_in_a_new_process_finds_its_approval_and_runs_the_approved_call_once(
+    proxy: ProxyHarness, tmp_path: Path
+) -> None:
+    """Pydantic AI's own resume (`message_history` + `deferred_tool_results`, saved as JSON),
+    each phase in a new process: the resumed call is the same UndoLog call (its step comes
+    from the model's tool-call id, not from a counter in the process)."""
+    run = Restarts(proxy, "pydantic_ai", tmp_path)
+    started = run("start")
+    (waiting,) = started["waiting"]
+    assert (waiting["tool_name"], waiting["session_id"]) == ("cancel_flight", run.session_id)
+    assert run.ran() == ["lookup ada", "book 1A"]
+
+    # Resumed before anyone decided: it stops at the same approval and opens no other.
+    assert run("resume")["waiting"] == [waiting]
+    assert run.ran() == ["lookup ada", "book 1A"]
+
+    approve(proxy, waiting["approval_id"])
+    done = run("resume")
+    assert done["output"] == "all done"
+    assert done["returns"]["c3"] == "cancelled UL1"  # the model got the result
+    assert run.ran() == ["lookup ada", "book 1A", "cancel UL1"]  # once
+
+    # A restart from the beginning in yet another process replays the recorded calls.
+    again = run("restart")
+    assert again["output"] == "all done"
+    assert again["returns"] == {
+        "c1": "passenger ada", "c2": {"booked": "1A"}, "c3": "cancelled UL1",
+    }  # fmt: skip
+    assert run.ran() == ["lookup ada", "book 1A", "cancel UL1", "lookup ada"]  # SAFE only
+    view = session_view(proxy, run.session_id)
+    assert [(a["id"], a["status"]) for a in view["approvals"]] == [
+        (waiting["approval_id"], "approved"),
+    ]  # fmt: skip
+    assert [(e["tool_name"], e["state"]) for e in view["effects"]] == [
+        ("book_seat", "committed"), ("cancel_flight", "committed"),
+    ]  # fmt: skip
+    assert view["state"] == "completed"
 
 
 async def test_a_call_rejected_in_undolog_is_denied_in_the_run_and_never_runs(
