@@ -128,7 +128,7 @@ async def test_an_irreversible_call_is_a_deferred_approval_and_runs_once_approve
     approval = undolog_approval(requests, deferred.tool_call_id)
     assert approval is not None
     assert (approval.tool_name, approval.step_index, approval.session_id) == (
-        "cancel_flight", 2, session.session_id,
+        "cancel_flight", session.step_for_call("c3"), session.session_id,
     )  # fmt: skip
     assert tools.calls == ["lookup ada", "book 1A"]  # the cancellation did not run
     view = session_view(proxy, session.session_id)

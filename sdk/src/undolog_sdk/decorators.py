@@ -93,6 +93,8 @@ def undolog_tool(
         signature = inspect.signature(fn)
         takes_session = session_param in signature.parameters
 
+        spec = _ToolSpec(name, tier, compensation, client, fn, signature)
+
         @functools.wraps(fn)
         async def wrapper(*args: Any, **kwargs: Any) -> R:
             session = kwargs.get(session_param)
@@ -100,24 +102,9 @@ def undolog_tool(
                 kwargs.pop(session_param, None)
             if session is None:  # an explicit `_session` wins over the current one
                 session = get_current_session()
-            if tier.is_safe and (
-                not isinstance(session, UndoLogSession)
-                or not await _registered_stricter(_client_for(client, session), session, name)
-            ):
-                return await fn(*args, **kwargs)
-            if not isinstance(session, UndoLogSession):
-                raise RuntimeError(
-                    f"tool '{name}' needs an UndoLogSession: run it inside "
-                    f"`async with run_with_session(session)` or pass it as '{session_param}='"
-                )
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            call_args = {k: v for k, v in bound.arguments.items() if k != session_param}
-            c = _client_for(client, session)
-            asked = await _ask(c, session, name, tier, compensation, call_args)
-            return cast(R, await _carry_out(c, session, asked, name, fn, args, kwargs))
+            return cast(R, await _run_tool(spec, session, args, kwargs, session_param))
 
-        setattr(wrapper, _SPEC_ATTR, _ToolSpec(name, tier, compensation, client, fn, signature))
+        setattr(wrapper, _SPEC_ATTR, spec)
         return wrapper
 
     return decorate
@@ -136,6 +123,38 @@ class _ToolSpec:
     client: UndoLogClient | None
     fn: Callable[..., Awaitable[Any]]
     signature: inspect.Signature
+
+
+async def _run_tool(
+    spec: _ToolSpec,
+    session: object,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    session_param: str = "_session",
+    call_id: str | None = None,
+) -> Any:
+    """One call of an `@undolog_tool` function in `session`: a SAFE tool runs directly (unless
+    the registry holds it stricter), any other is asked of the proxy and carried out. A call
+    a framework names by `call_id` takes the step of that id (`UndoLogSession.step_for_call`),
+    any other the session's next step."""
+    name, tier = spec.name, spec.tier
+    if tier.is_safe and (
+        not isinstance(session, UndoLogSession)
+        or not await _registered_stricter(_client_for(spec.client, session), session, name)
+    ):
+        return await spec.fn(*args, **kwargs)
+    if not isinstance(session, UndoLogSession):
+        raise RuntimeError(
+            f"tool '{name}' needs an UndoLogSession: run it inside "
+            f"`async with run_with_session(session)` or pass it as '{session_param}='"
+        )
+    bound = spec.signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    call_args = {k: v for k, v in bound.arguments.items() if k != session_param}
+    c = _client_for(spec.client, session)
+    step = session.step_for_call(call_id) if call_id else None
+    asked = await _ask(c, session, name, tier, spec.compensation, call_args, step)
+    return await _carry_out(c, session, asked, name, spec.fn, args, kwargs)
 
 
 def _spec_of(fn: Callable[..., Any]) -> _ToolSpec | None:
@@ -167,12 +186,15 @@ async def _ask(
     tier: ToolTier,
     compensation: CompensationDescriptor | None,
     call_args: dict[str, Any],
+    step: int | None = None,
 ) -> _Asked:
-    """Take the session's next step, register the tool on first use and ask the proxy what
-    to do with the call. A call refused here gives its step back."""
+    """Take the session's next step (or the `step` given: a framework's keyed step), register
+    the tool on first use and ask the proxy what to do with the call. A call refused here
+    gives its step back."""
     # The step is taken before the first await, so calls started together (gather) get
     # their steps in the order they were started, on every run of the agent.
-    step = session.next_step()
+    if step is None:
+        step = session.next_step()
     try:
         # The reference's flow signs the call first: a session id that is not a UUID, or
         # arguments that are not JSON, fail here (ValueError), before anything is recorded.
@@ -245,7 +267,7 @@ def _warn_on_mismatch(
         text = f"tool '{name}' declares a compensation other than the registered one"
     if compensation_differs:
         text += "; the compensation declared in code is the one recorded and run"
-    warnings.warn(text, TierMismatchWarning, stacklevel=4)
+    warnings.warn(text, TierMismatchWarning, stacklevel=5)
 
 
 async def _answer_of(

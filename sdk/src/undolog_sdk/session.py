@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from blake3 import blake3
+
 from undolog_sdk._compat import add_note
 from undolog_sdk.client import UndoLogClient, default_client
 from undolog_sdk.compensation import unwind
@@ -57,6 +59,12 @@ async def run_with_session(session: UndoLogSession) -> AsyncIterator[UndoLogSess
     session` does (see `UndoLogSession.__aexit__` for when it completes)."""
     async with session:
         yield session
+
+
+# Steps of calls keyed on a framework's tool-call id: the upper half of the uint32 range, which
+# the counter (1, 2, 3...) never reaches, so the two kinds of step never meet in one session.
+KEYED_STEP_BASE = 0x8000_0000
+_KEYED_STEP_DOMAIN = b"undolog-tool-call-id\x00"
 
 
 def _new_session_id() -> str:
@@ -174,6 +182,25 @@ class UndoLogSession:
         """Advance and return the next step index: 1, then 2, 3, ..."""
         self._step_index += 1
         return self._step_index
+
+    def step_for_call(self, call_id: str) -> int:
+        """The step of the tool call a framework names `call_id` (the model's tool-call id):
+        the same in every process, so a run resumed from the framework's saved state, or
+        restarted, signs the call as before. The counter is left alone.
+
+        It is `2**31` plus 31 bits of the BLAKE3 hash of the id, so it never meets a step of
+        the counter; two ids of one session with the same 31 bits would share a step, which
+        matters only when they also call the same tool with the same arguments (the later
+        call would replay the earlier one's result). See docs/sdk.md, "Steps from a
+        framework's call ids".
+
+        Raises:
+            ValueError: an empty call id.
+        """
+        if not call_id:
+            raise ValueError("a tool-call id must not be empty")
+        digest = blake3(_KEYED_STEP_DOMAIN + call_id.encode("utf-8")).digest(length=4)
+        return KEYED_STEP_BASE | (int.from_bytes(digest, "little") & 0x7FFF_FFFF)
 
     def _give_back_step(self, step: int) -> None:
         """Un-take `step` if it is still the latest: a call that did not complete (awaiting

@@ -50,7 +50,7 @@ from undolog_sdk.decorators import (
     _spec_for,
     _ToolSpec,
 )
-from undolog_sdk.errors import UndoLogError
+from undolog_sdk.errors import NotFound, UndoLogError
 from undolog_sdk.session import UndoLogSession, get_current_session
 from undolog_sdk.tier import CompensationDescriptor, ToolTier
 
@@ -142,8 +142,9 @@ async def apply_undolog_decisions(
         raise RuntimeError("apply_undolog_decisions needs the run's UndoLogSession")
     c = _client_for(client, session)
     pending = []
+    restored = _Restored(c, session)
     for item in state.get_interruptions():
-        approval = undolog_approval(item, session)
+        approval = undolog_approval(item, session) or await restored.approval(item)
         if approval is None:
             continue
         record = await c.get_approval(session.org_id, approval.approval_id)
@@ -260,8 +261,9 @@ class _UndoLogTool:
         c = _client_for(spec.client, session)
         call_args = self._call_args(**params)
         key = (session.session_id, call_id)
+        step = session.step_for_call(call_id)
         try:
-            asked = await _ask(c, session, spec.name, spec.tier, spec.compensation, call_args)
+            asked = await _ask(c, session, spec.name, spec.tier, spec.compensation, call_args, step)
         except UndoLogError as exc:  # rejected, timed out...: the invocation raises it
             self._decided[key] = exc
             return False
@@ -297,7 +299,10 @@ class _UndoLogTool:
                 raise decided
             if decided is None:
                 call_args = self._call_args(*args, **kwargs)
-                decided = await _ask(c, session, spec.name, spec.tier, spec.compensation, call_args)
+                step = session.step_for_call(ctx.tool_call_id)
+                decided = await _ask(
+                    c, session, spec.name, spec.tier, spec.compensation, call_args, step
+                )
             try:
                 return await _carry_out(c, session, decided, spec.name, spec.fn, args, kwargs)
             except AwaitingApprovalError as waiting:
@@ -333,6 +338,52 @@ def _pending_ends_the_run(
         return failure_error_function(ctx, error)
 
     return on_error
+
+
+class _Restored:
+    """The UndoLog approvals of interruptions this process did not see happen (a `RunState`
+    restored from JSON in a new process): a call's step follows from its call id, so its
+    approval is the newest one of the session for that tool at that step. The session is
+    read from the proxy once, when the first such interruption asks."""
+
+    def __init__(self, c: UndoLogClient, session: UndoLogSession) -> None:
+        self._c = c
+        self._session = session
+        self._view: dict[str, Any] | None = None
+
+    async def approval(self, item: ToolApprovalItem) -> UndoLogApproval | None:
+        session = self._session
+        call_id = _call_id_of(item)
+        if not call_id:
+            return None
+        if self._view is None:
+            try:
+                self._view = await self._c._call(
+                    "GET", f"/sessions/{session.session_id}", session.org_id
+                )
+            except NotFound:  # the proxy has never seen the session: nothing of UndoLog's
+                self._view = {}
+        step = session.step_for_call(call_id)
+        effects = {
+            e.get("effect_id")
+            for e in self._view.get("effects", [])
+            if e.get("step_index") == step and e.get("tool_name") == item.tool_name
+        }
+        found = [a for a in self._view.get("approvals", []) if a.get("effect_id") in effects]
+        if not found:
+            return None
+        newest = max(found, key=lambda a: str(a.get("created_at") or ""))
+        args = newest.get("args")
+        approval = UndoLogApproval(
+            str(newest.get("id")),
+            str(newest.get("tool_name")),
+            args if isinstance(args, dict) else {},
+            step,
+            session.session_id,
+            call_id,
+        )
+        _pending[(session.session_id, call_id)] = approval
+        return approval
 
 
 def _call_id_of(item: ToolApprovalItem) -> str | None:

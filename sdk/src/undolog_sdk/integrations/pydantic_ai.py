@@ -19,12 +19,19 @@ A failed run rolls the session back when it leaves the `run_with_session` block 
 
 from __future__ import annotations
 
-import functools
+import inspect
+import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pydantic_ai import ApprovalRequired, DeferredToolRequests, DeferredToolResults, Tool
+from pydantic_ai import (
+    ApprovalRequired,
+    DeferredToolRequests,
+    DeferredToolResults,
+    RunContext,
+    Tool,
+)
 from pydantic_ai.tools import ToolDenied
 
 from undolog_sdk.client import UndoLogClient
@@ -32,8 +39,8 @@ from undolog_sdk.decorators import (
     AwaitingApprovalError,
     _classified,
     _client_for,
+    _run_tool,
     _spec_for,
-    undolog_tool,
 )
 from undolog_sdk.session import UndoLogSession, get_current_session
 from undolog_sdk.tier import CompensationDescriptor, ToolTier
@@ -140,24 +147,41 @@ def undolog_pydantic_tool(
         TypeError: `fn` is not `async def`.
     """
     spec = _spec_for(fn, tier, compensation, client)
-    wrapped = undolog_tool(spec.tier, spec.compensation, client=spec.client)(spec.fn)
 
-    @functools.wraps(spec.fn)
-    async def invoke(*args: Any, **kwargs: Any) -> Any:
+    async def invoke(ctx: RunContext[Any], *args: Any, **kwargs: Any) -> Any:
+        session = get_current_session()
         try:
-            return await wrapped(*args, **kwargs)
+            return await _run_tool(spec, session, args, kwargs, call_id=ctx.tool_call_id)
         except AwaitingApprovalError as waiting:
-            session = get_current_session()
             approval = UndoLogApproval(
                 waiting.approval_id,
                 waiting.tool_name,
                 waiting.step_index,
-                session.session_id if session is not None else "",
+                session.session_id if isinstance(session, UndoLogSession) else "",
                 waiting.retry_after,
             )
             raise ApprovalRequired(metadata={METADATA_KEY: asdict(approval)}) from None
 
-    return Tool(invoke, takes_ctx=False, name=name, description=description)
+    # Pydantic AI reads the tool's parameters, docstring and type hints from the function:
+    # the function's own, after the `RunContext` that carries the model's tool-call id.
+    hints = typing.get_type_hints(spec.fn, include_extras=True)
+    context = inspect.Parameter(
+        "ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=RunContext[Any]
+    )
+    params = [
+        p.replace(annotation=hints.get(name, p.annotation))
+        for name, p in spec.signature.parameters.items()
+    ]
+    invoke.__name__ = spec.name
+    invoke.__qualname__ = spec.fn.__qualname__
+    invoke.__module__ = spec.fn.__module__
+    invoke.__doc__ = spec.fn.__doc__
+    invoke.__annotations__ = {"ctx": RunContext[Any], **hints}
+    invoke.__signature__ = spec.signature.replace(  # type: ignore[attr-defined]
+        parameters=[context, *params],
+        return_annotation=hints.get("return", inspect.Signature.empty),
+    )
+    return Tool(invoke, takes_ctx=True, name=name, description=description)
 
 
 def undolog_pydantic_tools(
