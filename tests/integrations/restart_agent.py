@@ -74,7 +74,10 @@ TIERS = {"lookup": "safe", "book_seat": "compensable", "cancel_flight": ToolTier
 COMPENSATIONS = {"book_seat": UNBOOK}
 
 
-async def pydantic_ai(phase: str, config: dict[str, Any], client: UndoLogClient) -> Any:
+async def pydantic_ai(
+    phase: str, config: dict[str, Any], client: UndoLogClient, saved: str
+) -> tuple[dict[str, Any], str | None]:
+    """The phase's printout, and the state to save (None: the run ended)."""
     from pydantic import TypeAdapter
     from pydantic_ai import Agent, DeferredToolRequests
     from pydantic_ai.messages import (
@@ -116,10 +119,9 @@ async def pydantic_ai(phase: str, config: dict[str, Any], client: UndoLogClient)
     session = UndoLogSession(
         org_id=config["org_id"], session_id=config["session_id"], client=client
     )
-    state = Path(config["state"])
     requests_adapter = TypeAdapter(DeferredToolRequests)
 
-    def ended(messages: list[ModelMessage], output: object) -> dict[str, Any]:
+    def ended(messages: list[ModelMessage], output: object) -> tuple[dict[str, Any], str | None]:
         returns = {
             part.tool_call_id: part.content
             for m in messages
@@ -127,26 +129,20 @@ async def pydantic_ai(phase: str, config: dict[str, Any], client: UndoLogClient)
             if isinstance(part, ToolReturnPart)
         }
         if isinstance(output, DeferredToolRequests):
-            state.write_text(
-                json.dumps(
-                    {
-                        "messages": ModelMessagesTypeAdapter.dump_python(messages, mode="json"),
-                        "requests": requests_adapter.dump_python(output, mode="json"),
-                    }
-                )
-            )
-            approvals = [undolog_approval(output, c.tool_call_id) for c in output.approvals]
-            return {
-                "waiting": [asdict(a) for a in approvals if a is not None],
-                "returns": returns,
+            state = {
+                "messages": ModelMessagesTypeAdapter.dump_python(messages, mode="json"),
+                "requests": requests_adapter.dump_python(output, mode="json"),
             }
-        return {"output": output, "returns": returns}
+            approvals = [undolog_approval(output, c.tool_call_id) for c in output.approvals]
+            waiting = [asdict(a) for a in approvals if a is not None]
+            return {"waiting": waiting, "returns": returns}, json.dumps(state)
+        return {"output": output, "returns": returns}, None
 
     async with run_with_session(session):
         if phase == "resume":
-            saved = json.loads(state.read_text())
-            messages = ModelMessagesTypeAdapter.validate_python(saved["messages"])
-            requests = requests_adapter.validate_python(saved["requests"])
+            state = json.loads(saved)
+            messages = ModelMessagesTypeAdapter.validate_python(state["messages"])
+            requests = requests_adapter.validate_python(state["requests"])
             results = await undolog_decisions(requests)
             for call in requests.approvals:  # undecided in UndoLog: approve it in Pydantic
                 results.approvals.setdefault(call.tool_call_id, True)  # AI only; UndoLog decides
@@ -156,7 +152,10 @@ async def pydantic_ai(phase: str, config: dict[str, Any], client: UndoLogClient)
     return ended(result.all_messages(), result.output)
 
 
-async def openai_agents(phase: str, config: dict[str, Any], client: UndoLogClient) -> Any:
+async def openai_agents(
+    phase: str, config: dict[str, Any], client: UndoLogClient, saved: str
+) -> tuple[dict[str, Any], str | None]:
+    """The phase's printout, and the state to save (None: the run ended)."""
     from agents import Agent, RunConfig, Runner, RunState
     from agents.testing import ScriptedModel, assistant_message, function_call
 
@@ -172,8 +171,8 @@ async def openai_agents(phase: str, config: dict[str, Any], client: UndoLogClien
         [function_call("cancel_flight", {"flight": "UL1", "reason": "storm"}, call_id="c3")],
     ]
     # A resumed run goes on from the model's answer to the cancellation.
-    steps = [[assistant_message("all done")]] if phase == "resume" else [*calls, *[
-        [assistant_message("all done")]]]  # fmt: skip
+    done = [assistant_message("all done")]
+    steps = [done] if phase == "resume" else [*calls, done]
     model = ScriptedModel(steps)
     tools = undolog_function_tools(
         booking(Path(config["log"])), tiers=TIERS, compensations=COMPENSATIONS, client=client
@@ -183,10 +182,9 @@ async def openai_agents(phase: str, config: dict[str, Any], client: UndoLogClien
     session = UndoLogSession(
         org_id=config["org_id"], session_id=config["session_id"], client=client
     )
-    state_file = Path(config["state"])
     async with run_with_session(session):
         if phase == "resume":
-            state = await RunState.from_string(agent, state_file.read_text())
+            state = await RunState.from_string(agent, saved)
             still = await apply_undolog_decisions(state)
             result = await Runner.run(agent, state, run_config=run_config)
         else:
@@ -197,24 +195,34 @@ async def openai_agents(phase: str, config: dict[str, Any], client: UndoLogClien
     for call in model.calls:
         items = call.input if isinstance(call.input, list) else []
         outputs = [str(i["output"]) for i in items if i.get("type") == "function_call_output"]
-    if result.interruptions:
-        state_file.write_text(result.to_state().to_string())
-    return {
+    printed = {
         "output": result.final_output,
         "waiting": [asdict(a) if a is not None else None for a in waiting],
         "still_pending": [asdict(a) for a in still],
         "returns": outputs,
     }
+    return printed, result.to_state().to_string() if result.interruptions else None
 
 
-async def main(framework: str, phase: str, config: dict[str, Any]) -> None:
+async def run_phase(
+    framework: str, phase: str, config: dict[str, Any], saved: str
+) -> tuple[dict[str, Any], str | None]:
     client = UndoLogClient(config["url"], api_key=config["api_key"])
     try:
         run = pydantic_ai if framework == "pydantic_ai" else openai_agents
-        print(json.dumps(await run(phase, config, client)))
+        return await run(phase, config, client, saved)
     finally:
         await client.aclose()
 
 
+def main(framework: str, phase: str, config: dict[str, Any]) -> None:
+    state = Path(config["state"])
+    saved = state.read_text() if phase == "resume" else ""
+    printed, to_save = asyncio.run(run_phase(framework, phase, config, saved))
+    if to_save is not None:
+        state.write_text(to_save)
+    print(json.dumps(printed))
+
+
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3])))
+    main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))

@@ -30,6 +30,20 @@ def test_next_step_returns_one_then_two_then_three() -> None:
     assert [session.next_step() for _ in range(3)] == [1, 2, 3]
 
 
+def test_a_call_ids_step_is_fixed_and_never_a_counter_step() -> None:
+    first, other = UndoLogSession(org_id="org-a"), UndoLogSession(org_id="org-b")
+    step = first.step_for_call("call_abc123")
+    # Pinned: a run saved by one version of the SDK and resumed by another signs the call
+    # the same way only while this number stays what it is.
+    assert step == 3_527_047_635
+    assert other.step_for_call("call_abc123") == step
+    assert 2**31 <= step < 2**32  # the counter's steps are 1, 2, 3...: never this high
+    assert first.step_for_call("call_abc124") != step
+    assert first._step_index == 0  # the counter is untouched
+    with pytest.raises(ValueError, match="must not be empty"):
+        first.step_for_call("")
+
+
 def test_the_step_counter_is_not_in_the_repr() -> None:
     session = UndoLogSession(org_id="org-a", session_id="6f1c2d3e-4b5a-4c6d-8e7f-9a0b1c2d3e4f")
     session.next_step()

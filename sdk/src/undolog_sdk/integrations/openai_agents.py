@@ -4,15 +4,18 @@
 async function into the SDK's `FunctionTool` whose calls go through UndoLog, in the session of
 the running task (`async with run_with_session(session): await Runner.run(...)`):
 
-- SAFE and COMPENSABLE calls run as with `@undolog_tool`: exactly once per session step, a
-  repeated call replays its recorded result without running the body;
+- SAFE and COMPENSABLE calls run as with `@undolog_tool`, but a call's step is the step of the
+  model's call id (`UndoLogSession.step_for_call`), not the session's counter: exactly once
+  per tool call, and a repeated call replays its recorded result without running the body;
 - an IRREVERSIBLE call is asked of UndoLog *before* it runs, through the tool's
   `needs_approval` policy: while its UndoLog approval is pending, the run stops with the SDK's
   own approval interruption (`result.interruptions`), and `undolog_approval(item)` names the
   UndoLog approval behind it (id, tool, args, step). Once a person has decided in UndoLog,
   `await apply_undolog_decisions(state)` approves (or rejects) the SDK's items to match, and
   `Runner.run(agent, state)` resumes: an approved call runs once, and a re-run of the session
-  replays it.
+  replays it. The call id is in the `RunState`, so a state restored from JSON in a new process
+  (with a session of the same `session_id`) resumes the same way: `apply_undolog_decisions`
+  finds its approvals on the proxy.
 
 A failed run rolls the session back when it leaves the `run_with_session` block with an error
 (compensations run newest first); `await session.rollback()` does it by hand.
@@ -118,7 +121,10 @@ def undolog_approval(
     item: ToolApprovalItem, session: UndoLogSession | None = None
 ) -> UndoLogApproval | None:
     """The UndoLog approval behind an approval interruption of `session` (by default the
-    current one), or None when the interruption is not UndoLog's (another tool's policy)."""
+    current one), or None when the interruption is not UndoLog's (another tool's policy).
+
+    In a process that restored the run's state from JSON, it is known once
+    `apply_undolog_decisions(state)` has looked it up."""
     session = session or get_current_session()
     call_id = _call_id_of(item)
     if session is None or call_id is None:

@@ -4,14 +4,20 @@
 Pydantic AI `Tool` whose calls go through UndoLog, in the session of the running task
 (`async with run_with_session(session): await agent.run(...)`):
 
-- SAFE and COMPENSABLE calls run as with `@undolog_tool`: exactly once per session step, a
-  repeated call replays its recorded result without running the body;
+- SAFE and COMPENSABLE calls run as with `@undolog_tool`, but a call's step is the step of the
+  model's tool-call id (`UndoLogSession.step_for_call`), not the session's counter: exactly
+  once per tool call, and a repeated call replays its recorded result without running the
+  body;
 - an IRREVERSIBLE call waiting for its UndoLog approval raises Pydantic AI's own
   `ApprovalRequired`, carrying the approval in its metadata: the run ends with
   `DeferredToolRequests` (the agent's `output_type` must include it), and
   `undolog_approval(requests, tool_call_id)` reads the approval (id, tool, args, step). Once a
   person has decided in UndoLog, `await undolog_decisions(requests)` builds the
   `DeferredToolResults` to resume with: an approved call runs once, a rejected one is denied.
+
+The call id is in the message history, so a run resumed in a new process (the history and
+the requests saved as JSON, a session with the same `session_id`) signs each call as before:
+it finds the call's approval, and an approved call runs once.
 
 A failed run rolls the session back when it leaves the `run_with_session` block with an error
 (compensations run newest first); `await session.rollback()` does it by hand.
