@@ -41,6 +41,7 @@ __all__ = [
     "TRACEPARENT",
     "annotate",
     "caller_context",
+    "flush",
     "inject",
     "span",
     "traceparent_of",
@@ -50,6 +51,9 @@ TRACEPARENT = "traceparent"
 TRACER_NAME = "undolog"
 # A W3C traceparent is 55 characters (version 00); anything much longer is not one.
 _MAX_TRACEPARENT = 128
+# The longest a server's stop waits for its last spans to be sent (a collector that does not
+# answer delays the stop by this much, at most).
+FLUSH_SECONDS = 10.0
 # What a span or a caller's context is when there is nothing to record (shared: it holds
 # no state).
 _NOTHING: AbstractContextManager[Any] = contextlib.nullcontext()
@@ -133,3 +137,16 @@ def inject(headers: MutableMapping[str, str]) -> None:
 def _attributes(values: dict[str, Any]) -> dict[str, Any]:
     """`undolog.`-prefixed attributes; None values left out."""
     return {f"undolog.{k}": v for k, v in values.items() if v is not None}
+
+
+def flush(timeout_seconds: float = FLUSH_SECONDS) -> None:
+    """Send the spans the tracer provider still batches, if it batches (an SDK provider with
+    a `BatchSpanProcessor`, as `undolog.telemetry` sets up); blocks up to `timeout_seconds`.
+
+    Called as the proxy's lifespan ends: uvicorn ends a process stopped by a signal by raising
+    the signal again once the app has shut down, so no exit hook after it would run."""
+    if _off():
+        return
+    force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if force_flush is not None:
+        force_flush(int(timeout_seconds * 1000))
