@@ -12,6 +12,9 @@ over OTLP".
 from __future__ import annotations
 
 import gzip
+import os
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -245,3 +248,35 @@ def test_a_tracer_provider_set_before_is_left_as_it_is() -> None:
     assert not isinstance(before, trace.ProxyTracerProvider)
     assert start_span_export({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}) is None
     assert trace.get_tracer_provider() is before
+
+
+def test_the_flush_at_stop_gives_up_on_a_collector_that_does_not_answer() -> None:
+    """The SDK's own flush takes the exporter's timeout per batch (four batches against a
+    closed port: ~9 s with a 3 s timeout); `tracing.flush` waits its bound, then lets the
+    process end. In a process of its own: a provider is set once per process."""
+    probe = (
+        "import time\n"
+        "from opentelemetry import trace\n"
+        "import undolog.services.tracing as t\n"
+        "from undolog.telemetry import start_span_export\n"
+        "assert start_span_export() is not None\n"
+        "tracer = trace.get_tracer('probe')\n"
+        "for _ in range(2000):\n"
+        "    with tracer.start_as_current_span('s'):\n"
+        "        pass\n"
+        "started = time.monotonic()\n"
+        "t.flush(timeout_seconds=0.5)\n"
+        "print(round(time.monotonic() - started, 2))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",  # discard: nothing listens
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "3",
+        "OTEL_BSP_SCHEDULE_DELAY": "600000",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    waited = float(done.stdout.splitlines()[-1])
+    assert waited < 5.0, waited  # the bound is 0.5 s; generous on a loaded machine

@@ -5,8 +5,8 @@ When `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is se
 serving process (the one process, or each worker of `--workers N`) gets an SDK
 `TracerProvider` whose `BatchSpanProcessor` sends the spans of `undolog.services.tracing` to
 that endpoint over OTLP/HTTP (protobuf). At stop the proxy's lifespan flushes the batch
-(`undolog.services.tracing.flush`: a process stopped by a signal ends right after it), and the
-provider is shut down when serving returns otherwise. The exporter reads the other
+(`undolog.services.tracing.flush`, bounded: a process stopped by a signal ends right after
+it), and so does the end of serving otherwise. The exporter reads the other
 `OTEL_EXPORTER_OTLP_*` variables itself (headers, timeout, compression, certificates) and the
 SDK the `OTEL_BSP_*` and sampler ones.
 
@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Mapping
 import structlog
 
 import undolog
+from undolog.services import tracing
 
 __all__ = ["DEFAULT_SERVICE_NAME", "ENDPOINT_VARS", "exporting_spans", "start_span_export"]
 
@@ -40,8 +41,8 @@ _log = structlog.get_logger("undolog.telemetry")
 
 
 def start_span_export(env: Mapping[str, str] | None = None) -> Callable[[], None] | None:
-    """Set up the OTLP span export if the environment asks for it; returns what flushes and
-    stops it (call it at server stop), or None when nothing was set up."""
+    """Set up the OTLP span export if the environment asks for it; returns what sends the
+    spans still batched (call it at server stop), or None when nothing was set up."""
     env = os.environ if env is None else env
     named = [name for name in ENDPOINT_VARS if env.get(name, "").strip()]
     if not named:
@@ -75,6 +76,8 @@ def start_span_export(env: Mapping[str, str] | None = None) -> Callable[[], None
     from_env = OTELResourceDetector().detect().attributes  # OTEL_SERVICE_NAME, _RESOURCE_ATTRIBUTES
     defaults = {SERVICE_NAME: DEFAULT_SERVICE_NAME, SERVICE_VERSION: undolog.__version__}
     resource = Resource.create({k: v for k, v in defaults.items() if k not in from_env})
+    # Not shut down at exit: its export thread is a daemon, and a shutdown would wait for
+    # every batch against a collector that does not answer; `tracing.flush` is bounded.
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
@@ -82,13 +85,14 @@ def start_span_export(env: Mapping[str, str] | None = None) -> Callable[[], None
         provider.shutdown()
         return None
     _log.info("otlp_export_started", service_name=resource.attributes.get(SERVICE_NAME))
-    return provider.shutdown
+    return tracing.flush
 
 
 @contextlib.contextmanager
 def exporting_spans(env: Mapping[str, str] | None = None) -> Iterator[None]:
-    """`start_span_export` for the body's duration, shut down (the spans still batched sent)
-    when it ends without a signal; on SIGTERM/SIGINT the proxy's lifespan has flushed them."""
+    """`start_span_export` for the body's duration, the spans still batched sent when it ends
+    without a signal (on SIGTERM/SIGINT the proxy's lifespan has sent them: the process ends
+    with the signal before this runs)."""
     stop = start_span_export(env)
     try:
         yield

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator, MutableMapping
 from contextlib import AbstractContextManager
 from typing import Any
@@ -141,12 +142,16 @@ def _attributes(values: dict[str, Any]) -> dict[str, Any]:
 
 def flush(timeout_seconds: float = FLUSH_SECONDS) -> None:
     """Send the spans the tracer provider still batches, if it batches (an SDK provider with
-    a `BatchSpanProcessor`, as `undolog.telemetry` sets up); blocks up to `timeout_seconds`.
+    a `BatchSpanProcessor`, as `undolog.telemetry` sets up); waits `timeout_seconds` at most.
 
     Called as the proxy's lifespan ends: uvicorn ends a process stopped by a signal by raising
-    the signal again once the app has shut down, so no exit hook after it would run."""
+    the signal again once the app has shut down, so no exit hook after it would run. The SDK's
+    own flush takes the exporter's timeout per batch against a collector that does not answer,
+    so it runs in a daemon thread that is given up on, not waited for, after the bound."""
     if _off():
         return
     force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
     if force_flush is not None:
-        force_flush(int(timeout_seconds * 1000))
+        flushing = threading.Thread(target=force_flush, name="undolog-span-flush", daemon=True)
+        flushing.start()
+        flushing.join(timeout_seconds)
