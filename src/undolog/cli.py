@@ -279,7 +279,10 @@ async def _serve(
             except StartFailed as exc:
                 typer.echo(f"error: cannot start: {exc}", err=True)
                 return 1
-        await build_server(create_app(settings), settings).serve()
+        from undolog.telemetry import exporting_spans
+
+        with exporting_spans():  # OTEL_EXPORTER_OTLP_* (each worker sets up its own)
+            await build_server(create_app(settings), settings).serve()
         return 0
     finally:
         for task in tasks:

@@ -79,6 +79,7 @@ def worker_main(
     from undolog.logs import configure_logging
     from undolog.proxy import create_app
     from undolog.proxy.server import build_config
+    from undolog.telemetry import exporting_spans
 
     configure_logging(settings.log_level)
     # Each worker keeps its own spool of held results, found again by its index on restart.
@@ -89,4 +90,5 @@ def worker_main(
     if header:
         app = _WorkerHeader(app, f"{index}/{os.getpid()}")
     server = _WorkerServer(build_config(app, settings), ready)
-    run_on_uvloop(server.serve(sockets=[sock]))
+    with exporting_spans():  # OTEL_EXPORTER_OTLP_*: this worker's spans, flushed at its stop
+        run_on_uvloop(server.serve(sockets=[sock]))

@@ -33,6 +33,7 @@ from undolog.proxy.ui_auth import router as ui_auth_router
 from undolog.proxy.undo import router as undo_router
 from undolog.proxy.webhooks import router as webhooks_router
 from undolog.proxy.wire import error_body, json_response
+from undolog.services import tracing
 from undolog.services.metrics import ProxyMetrics
 from undolog.services.runtime import Runtime, open_runtime
 from undolog.services.sweeps import (
@@ -149,6 +150,7 @@ def create_app(settings: Settings, *, prepared: bool = False) -> Any:
                 await listener.stop()
             await runtime.executor.close()
             await runtime.store.close()
+            await asyncio.to_thread(tracing.flush)  # the last spans, before the process ends
 
     api = FastAPI(
         title="UndoLog proxy",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator, MutableMapping
 from contextlib import AbstractContextManager
 from typing import Any
@@ -41,6 +42,7 @@ __all__ = [
     "TRACEPARENT",
     "annotate",
     "caller_context",
+    "flush",
     "inject",
     "span",
     "traceparent_of",
@@ -50,6 +52,9 @@ TRACEPARENT = "traceparent"
 TRACER_NAME = "undolog"
 # A W3C traceparent is 55 characters (version 00); anything much longer is not one.
 _MAX_TRACEPARENT = 128
+# The longest a server's stop waits for its last spans to be sent (a collector that does not
+# answer delays the stop by this much, at most).
+FLUSH_SECONDS = 10.0
 # What a span or a caller's context is when there is nothing to record (shared: it holds
 # no state).
 _NOTHING: AbstractContextManager[Any] = contextlib.nullcontext()
@@ -133,3 +138,20 @@ def inject(headers: MutableMapping[str, str]) -> None:
 def _attributes(values: dict[str, Any]) -> dict[str, Any]:
     """`undolog.`-prefixed attributes; None values left out."""
     return {f"undolog.{k}": v for k, v in values.items() if v is not None}
+
+
+def flush(timeout_seconds: float = FLUSH_SECONDS) -> None:
+    """Send the spans the tracer provider still batches, if it batches (an SDK provider with
+    a `BatchSpanProcessor`, as `undolog.telemetry` sets up); waits `timeout_seconds` at most.
+
+    Called as the proxy's lifespan ends: uvicorn ends a process stopped by a signal by raising
+    the signal again once the app has shut down, so no exit hook after it would run. The SDK's
+    own flush takes the exporter's timeout per batch against a collector that does not answer,
+    so it runs in a daemon thread that is given up on, not waited for, after the bound."""
+    if _off():
+        return
+    force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if force_flush is not None:
+        flushing = threading.Thread(target=force_flush, name="undolog-span-flush", daemon=True)
+        flushing.start()
+        flushing.join(timeout_seconds)
