@@ -34,7 +34,9 @@ def _serves_with(url: str, key: str, spool: Path) -> int:
     settings = load_settings({"database_url": url, "spool_dir": str(spool), "migrate": False}, {})
     with serve_in_thread(create_app(settings), settings) as server:
         assert httpx.get(f"{server.url}/ready", timeout=10).status_code == 200
-        return httpx.get(f"{server.url}/sessions", headers={"X-Api-Key": key}, timeout=10).status_code
+        return httpx.get(
+            f"{server.url}/sessions", headers={"X-Api-Key": key}, timeout=10
+        ).status_code
 
 
 async def _open_with_a_key(url: str) -> tuple[Store, str]:
@@ -52,7 +54,8 @@ def test_sqlite_online_backup_of_a_live_database_restores_and_serves(tmp_path: P
     async def back_up_while_open() -> str:
         store, key = await _open_with_a_key(f"sqlite:///{live}")
         try:  # the store holds the database open (WAL) while the backup reads it
-            subprocess.run([sqlite3, str(live), f".backup {copy}"], check=True, timeout=60)
+            command = [sqlite3, str(live), f".backup {copy}"]
+            await asyncio.to_thread(subprocess.run, command, check=True, timeout=60)
         finally:
             await store.close()
         return key
@@ -62,9 +65,7 @@ def test_sqlite_online_backup_of_a_live_database_restores_and_serves(tmp_path: P
     assert _serves_with(f"sqlite:///{copy}", key, tmp_path / "spool") == 200
 
 
-def test_pg_dump_and_pg_restore_restore_a_database_that_serves(
-    pg_url: str, tmp_path: Path
-) -> None:
+def test_pg_dump_and_pg_restore_restore_a_database_that_serves(pg_url: str, tmp_path: Path) -> None:
     pg_dump, pg_restore = _tool("pg_dump"), _tool("pg_restore")
     admin = _pg_admin_url()
     names = [f"undolog_backup_{os.getpid()}_{uuid.uuid4().hex[:8]}" for _ in range(2)]
@@ -81,9 +82,7 @@ def test_pg_dump_and_pg_restore_restore_a_database_that_serves(
         key = asyncio.run(make_key())
         dump = tmp_path / "undolog.dump"
         subprocess.run([pg_dump, "-Fc", "-f", str(dump), source], check=True, timeout=120)
-        subprocess.run(
-            [pg_restore, "--no-owner", "-d", target, str(dump)], check=True, timeout=120
-        )
+        subprocess.run([pg_restore, "--no-owner", "-d", target, str(dump)], check=True, timeout=120)
         assert _serves_with(target, key, tmp_path / "spool") == 200
     finally:
         for name in names:

@@ -52,9 +52,9 @@ def test_long_running_services_have_healthchecks_and_start_in_order() -> None:
     assert "healthcheck" not in services["migrate"]  # it exits
     for name, service in services.items():
         for dependency, how in service.get("depends_on", {}).items():
-            wanted = "service_completed_successfully" if dependency == "migrate" else (
-                "service_healthy"
-            )
+            wanted = "service_healthy"
+            if dependency == "migrate":
+                wanted = "service_completed_successfully"
             assert how == {"condition": wanted}, (name, dependency)
     assert set(services["undolog"]["depends_on"]) == {"migrate", "demo-tools"}
     assert set(services["migrate"]["depends_on"]) == {"postgres"}

@@ -70,9 +70,7 @@ def test_it_serves_by_default_and_can_migrate_alone() -> None:
     entrypoint, command = json.loads(final["ENTRYPOINT"]), json.loads(final["CMD"])
     assert entrypoint + command == ["undolog", "serve"]
     assert entrypoint == ["undolog"]  # so `<image> migrate` runs `undolog migrate`
-    env = dict(
-        item.split("=", 1) for item in shlex.split(final["ENV"]) if "=" in item
-    )
+    env = dict(item.split("=", 1) for item in shlex.split(final["ENV"]) if "=" in item)
     assert env["UNDOLOG_HOST"] == "0.0.0.0"
     assert env["UNDOLOG_DATABASE_URL"].startswith("sqlite:////var/lib/undolog/")
     assert "/opt/undolog/bin" in env["PATH"]
