@@ -137,6 +137,18 @@ def serve(
         None, help="Where results that could not be committed are kept (env UNDOLOG_SPOOL_DIR)"
     ),
     log_level: str = typer.Option(None, help="debug, info, warning, error"),
+    migrate: bool = typer.Option(
+        None,
+        "--migrate/--no-migrate",
+        help="Apply pending migrations at start (env UNDOLOG_MIGRATE; default on). Off: only "
+        "`undolog migrate` does, and an older schema is refused (docs/deploy.md)",
+    ),
+    ssl_certfile: str = typer.Option(
+        None, help="PEM certificate (chain): serve HTTPS on --port (env UNDOLOG_SSL_CERTFILE)"
+    ),
+    ssl_keyfile: str = typer.Option(
+        None, help="PEM private key of --ssl-certfile (env UNDOLOG_SSL_KEYFILE)"
+    ),
     workers: int = typer.Option(
         None,
         help="Processes serving the port (env UNDOLOG_WORKERS; default: one per core on "

@@ -118,6 +118,13 @@ class Settings:
     retention_batch_size: int = DEFAULT_RETENTION_BATCH_SIZE
     spool_dir: str = DEFAULT_SPOOL_DIR  # held results that could not be committed, for operators
     log_level: str = "info"
+    # Apply pending migrations at start. Off: only `undolog migrate` does (a Kubernetes Job, a
+    # compose service); the server then refuses a schema older than its own (docs/deploy.md).
+    migrate: bool = True
+    # TLS on the main port, by uvicorn itself: a PEM certificate (chain) and its key (None: the
+    # key is in the certificate's file). The separate /metrics listener stays plain HTTP.
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
     workers: int | None = None  # processes on one port; None: one per core on PostgreSQL, else 1
     ui_secret: str | None = None  # signs dashboard session cookies; None: random per process
     # /metrics on the main port needs `Authorization: Bearer <metrics_token>`; without a token
@@ -320,6 +327,8 @@ def load_settings(
         raise ValueError("setting 'reserved_connections' must be 0 or more")
     if not 1 <= settings.retention_batch_size <= MAX_RETENTION_BATCH_SIZE:
         raise ValueError(f"setting 'retention_batch_size' must be 1 to {MAX_RETENTION_BATCH_SIZE}")
+    if settings.ssl_keyfile and not settings.ssl_certfile:
+        raise ValueError("setting 'ssl_keyfile' needs 'ssl_certfile' (the certificate it signs)")
     scheme = settings.database_url.partition("://")[0].lower()
     if scheme not in _DATABASE_SCHEMES or "://" not in settings.database_url:
         # Only the scheme is echoed: the rest of the URL may hold a password.

@@ -8,6 +8,7 @@ written, `check_start` makes sure that:
   separate /metrics listener), and no two of them are the same;
 - every stdio upstream of the `[mcp]` table names a command that exists;
 - the spool folder (`--spool-dir`) can be written and fsync'd;
+- the TLS certificate and key (`--ssl-certfile`, `--ssl-keyfile`) load as a pair;
 - every `[[tools]]` entry names an org that is declared in `[[orgs]]` (or is the demo org) or
   already exists in the database.
 
@@ -21,13 +22,14 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import ssl
 from collections.abc import Mapping
 from pathlib import Path
 
 from undolog.config import DEFAULT_HOST, Settings
 from undolog.services.held import spool_problem
 
-__all__ = ["StartProblem", "check_start", "missing_command", "port_problem"]
+__all__ = ["StartProblem", "check_start", "missing_command", "port_problem", "tls_problem"]
 
 
 class StartProblem(Exception):
@@ -64,7 +66,26 @@ async def check_start(
             f"the spool folder {settings.spool_dir} cannot be written: {problem} (--spool-dir: "
             "results held while the store is away are written there)"
         )
+    problem = tls_problem(settings.ssl_certfile, settings.ssl_keyfile)
+    if problem:
+        raise StartProblem(problem)
     await _check_tool_orgs(settings, demo_org)
+
+
+def tls_problem(certfile: str | None, keyfile: str | None) -> str | None:
+    """Why the certificate and key cannot serve TLS (unreadable, not PEM, not a pair), or None.
+    The files' content is never echoed."""
+    if certfile is None:
+        return None
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        return (
+            f"TLS: the certificate {certfile} and key {keyfile or certfile} cannot be loaded "
+            f"({reason}): PEM files, the key matching the certificate, are needed"
+        )
+    return None
 
 
 def port_problem(host: str, port: int) -> str | None:
@@ -111,18 +132,21 @@ async def _check_tool_orgs(settings: Settings, demo_org: str | None) -> None:
         declared.add(demo_org)
     if all(tool.org_id in declared for tool in settings.tools):
         return  # nothing to look up: no store is opened
-    from undolog.services.runtime import unknown_tool_org
+    from undolog.services.runtime import ensure_schema, unknown_tool_org
     from undolog.store import open_store
     from undolog_sdk.errors import UndoLogError
 
     try:
         store = await open_store(settings.database_url)
         try:
-            await store.migrate()  # the schema only, so the lookup can run on a new database
+            # The schema only, so the lookup can run on a new database.
+            await ensure_schema(store, migrate=settings.migrate)
             problem = await unknown_tool_org(store, settings, declared)
         finally:
             await store.close()
     except UndoLogError as exc:
+        raise StartProblem(str(exc)) from None
+    except ValueError as exc:  # the schema is behind and migrations at start are off
         raise StartProblem(str(exc)) from None
     if problem:
         raise StartProblem(problem)

@@ -580,6 +580,8 @@ def build_config(
         # Without trusted proxies its middleware is not installed at all (no cost per request).
         proxy_headers=bool(settings.forwarded_allow_ips),
         forwarded_allow_ips=settings.forwarded_allow_ips,
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
     )
 
 

@@ -27,6 +27,7 @@ from undolog.services.quotas import KeyQuotas
 from undolog.services.waits import Waits
 from undolog.services.webhooks import WebhookSender, subscriptions
 from undolog.store import Store, open_store
+from undolog.store.base import load_migrations
 from undolog.upstreams import UpstreamRegistry
 from undolog_sdk.errors import InvalidRequest
 from undolog_sdk.tier import ToolTier
@@ -34,6 +35,7 @@ from undolog_sdk.tier import ToolTier
 __all__ = [
     "Runtime",
     "config_key_grants",
+    "ensure_schema",
     "open_runtime",
     "prepare_store",
     "unknown_tool_org",
@@ -128,13 +130,34 @@ async def warn_without_autovacuum(store: Store) -> bool:
     return True
 
 
+async def ensure_schema(store: Store, *, migrate: bool) -> int:
+    """Apply pending migrations (`migrate`), or only check that `undolog migrate` has: a schema
+    older than this release's is refused, a newer one (a later release migrated it during a
+    rolling upgrade) is served. Returns the schema version in force.
+
+    Raises:
+        ValueError: `migrate` is off and the schema is older than this release's.
+    """
+    if migrate:
+        return await store.migrate()
+    current = await store.schema_version()
+    needed = max(version for version, _ in load_migrations(store.dialect))
+    if current < needed:
+        raise ValueError(
+            f"the database schema is at version {current}, this release needs {needed}: run "
+            "`undolog migrate` first (migrations at start are off: --no-migrate)"
+        )
+    return current
+
+
 async def prepare_store(store: Store, settings: Settings) -> None:
-    """Migrate the store and seed the configured orgs, keys and tools.
+    """Migrate the store (or check its schema: `ensure_schema`) and seed the configured orgs,
+    keys and tools.
 
     Done once per start: by `open_runtime` in a single process, by the supervisor before it
     starts its workers (`undolog serve --workers N`), so N processes never race to do it.
     """
-    await store.migrate()
+    await ensure_schema(store, migrate=settings.migrate)
     await warn_without_autovacuum(store)
     problem = await unknown_tool_org(store, settings)
     if problem:
