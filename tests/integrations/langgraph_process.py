@@ -1,10 +1,12 @@
 """An agent process of the LangGraph tests: one graph run (start or resume) on a thread whose
 checkpoints persist to disk, then the process exits.
 
-    python -m tests.integrations.langgraph_process start|resume agent|tool_node DIR ORG_ID SESSION_ID
+    python -m tests.integrations.langgraph_process start|resume DIR ORG_ID SESSION_ID
 
-The graph is langchain's `create_agent` (each tool call its own task) or the ReAct loop by
-hand around one `ToolNode` (the calls of a turn one task, run again whole on a resume).
+The graph is the ReAct loop around one `ToolNode`: the calls of a turn are one LangGraph task,
+which LangGraph runs again whole on a resume (so a call that finished before the interrupt is
+made again, and must replay). `create_agent` runs each call as its own task and re-runs only
+the interrupted one, an easier case the in-process tests cover.
 
 The proxy and its key come from `UNDOLOG_PROXY_URL` and `UNDOLOG_API_KEY`. The checkpoints live
 in DIR (LangGraph's `InMemorySaver` over its `PersistentDict`: pickled to disk when the process
@@ -21,7 +23,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver, PersistentDict
 from langgraph.types import Command
@@ -81,18 +82,11 @@ def tools(client: UndoLogClient, folder: Path) -> list[Any]:
     )
 
 
-async def main(
-    phase: str, kind: str, folder: Path, org_id: str, session_id: str
-) -> dict[str, Any]:
+async def main(phase: str, folder: Path, org_id: str, session_id: str) -> dict[str, Any]:
     client = UndoLogClient()
     saver = disk_saver(folder)
     try:
-        model, agent_tools = ScriptedModel(script=SCRIPT), tools(client, folder)
-        agent: Any = (
-            create_agent(model, agent_tools, checkpointer=saver)
-            if kind == "agent"
-            else agent_graph(model, agent_tools, saver)
-        )
+        agent = agent_graph(ScriptedModel(script=SCRIPT), tools(client, folder), saver)
         config: Any = {"configurable": {"thread_id": session_id}}
         graph_input: Any = (
             {"messages": [HumanMessage("book and drop")]}
@@ -106,12 +100,10 @@ async def main(
         await client.aclose()
     return {
         "requests": approval_requests(result),
-        "tool_messages": [
-            str(m.content) for m in result["messages"] if isinstance(m, ToolMessage)
-        ],
+        "tool_messages": [str(m.content) for m in result["messages"] if isinstance(m, ToolMessage)],
     }
 
 
 if __name__ == "__main__":
-    phase, kind, folder, org_id, session_id = sys.argv[1:6]
-    print(json.dumps(asyncio.run(main(phase, kind, Path(folder), org_id, session_id))), flush=True)
+    phase, folder, org_id, session_id = sys.argv[1:5]
+    print(json.dumps(asyncio.run(main(phase, Path(folder), org_id, session_id))), flush=True)

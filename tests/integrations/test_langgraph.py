@@ -8,8 +8,13 @@ What it maps, and the test that shows it:
 - replay: a resumed node and a restarted agent get recorded results without running bodies
   again (`test_a_resumed_node_replays_the_calls_it_already_made`,
   `test_a_restarted_agent_replays_what_its_first_run_did`), and a thread resumed from its
-  checkpoint by another process maps its call to the approval
-  (`test_a_graph_resumed_from_its_checkpoint_elsewhere_runs_the_approved_call`);
+  checkpoint elsewhere maps its call to the approval
+  (`test_a_graph_resumed_from_its_checkpoint_elsewhere_runs_the_approved_call`), also from a
+  disk checkpoint in a new OS process
+  (`test_a_graph_resumed_by_another_process_from_its_disk_checkpoint_runs_the_approved_call_once`);
+- conversations: a later user turn and the calls after a rejection go on in the thread's next
+  session (`test_a_second_user_turn_on_the_same_thread_goes_on_in_the_threads_next_session`,
+  `test_after_a_rejection_the_agent_goes_on_and_the_earlier_calls_stay_for_a_person`);
 - rollback: a run that fails rolls the session back, newest first
   (`test_a_failed_run_rolls_the_session_back_newest_first`).
 """
@@ -559,9 +564,7 @@ async def test_after_a_rejection_the_agent_goes_on_and_the_earlier_calls_stay_fo
     assert session_view(proxy, session_id)["state"] == "compensated"
 
 
-def run_agent_process(
-    proxy: ProxyHarness, phase: str, kind: str, folder: Path, session_id: str
-) -> Any:
+def run_agent_process(proxy: ProxyHarness, phase: str, folder: Path, session_id: str) -> Any:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
@@ -569,7 +572,7 @@ def run_agent_process(
         "UNDOLOG_API_KEY": proxy.api_key,
     }
     done = subprocess.run(
-        [sys.executable, "-m", "tests.integrations.langgraph_process", phase, kind, str(folder),
+        [sys.executable, "-m", "tests.integrations.langgraph_process", phase, str(folder),
          proxy.org_id, session_id],
         cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
         timeout=60, check=False,
@@ -578,23 +581,21 @@ def run_agent_process(
     return json.loads(done.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("kind", ["agent", "tool_node"], ids=["create_agent", "tool_node"])
 def test_a_graph_resumed_by_another_process_from_its_disk_checkpoint_runs_the_approved_call_once(
-    proxy: ProxyHarness, tmp_path: Path, kind: str
+    proxy: ProxyHarness, tmp_path: Path
 ) -> None:
     """One process runs the graph until the drop waits for approval and exits; a person
-    approves over REST; a new process resumes the thread from the checkpoint on disk: the drop
-    runs once and no second approval is asked. A `ToolNode` runs the whole turn again on the
-    resume, and the booking replays (its body does not run again); `create_agent` runs each
-    call as its own task and re-runs only the interrupted one."""
+    approves over REST; a new process resumes the thread from the checkpoint on disk. Its
+    `ToolNode` runs the whole turn again: the booking replays (its body does not run again),
+    the drop finds the existing approval and runs once, and no second approval is asked."""
     session_id = str(uuid.uuid4())
-    first = run_agent_process(proxy, "start", kind, tmp_path, session_id)
+    first = run_agent_process(proxy, "start", tmp_path, session_id)
     (request,) = first["requests"]
     assert (request["tool"], request["tool_call_id"]) == ("drop", "call_drop")
     assert (tmp_path / "ran.txt").read_text().splitlines() == ["book 9J"]
     approve(proxy, request["approval_id"])
 
-    second = run_agent_process(proxy, "resume", kind, tmp_path, session_id)
+    second = run_agent_process(proxy, "resume", tmp_path, session_id)
     assert second["requests"] == []
     assert second["tool_messages"] == ['{"booked": "9J"}', "dropped legacy"]
     assert (tmp_path / "ran.txt").read_text().splitlines() == ["book 9J", "drop legacy"]
@@ -602,6 +603,6 @@ def test_a_graph_resumed_by_another_process_from_its_disk_checkpoint_runs_the_ap
     assert len(view["approvals"]) == 1  # the resumed call found the existing approval
     assert [(e["tool_name"], e["state"], e["attempts"], e["replay_count"])
             for e in view["effects"]] == [
-        ("book", "committed", 1, 1 if kind == "tool_node" else 0), ("drop", "committed", 1, 0),
+        ("book", "committed", 1, 1), ("drop", "committed", 1, 0),
     ]  # fmt: skip
     assert view["state"] == "completed"

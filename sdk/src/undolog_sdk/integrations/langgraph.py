@@ -1,8 +1,8 @@
-"""LangGraph: UndoLog tools for a `ToolNode` or a prebuilt ReAct agent.
+"""LangGraph: UndoLog tools for a `ToolNode` or a prebuilt agent (langchain's `create_agent`).
 
 `langgraph_tools(fns, tiers=..., compensations=...)` classifies plain async functions as
 `wrap_tools` does and returns LangChain `StructuredTool`s (same names, docstrings, argument
-schemas) to hand to `ToolNode(...)` or `create_react_agent(...)`. Run the graph (`ainvoke`,
+schemas) to hand to `ToolNode(...)` or `create_agent(...)`. Run the graph (`ainvoke`,
 `astream`) inside `run_with_session(session)`; each call of a tool then goes through UndoLog:
 
 - **approval**: an IRREVERSIBLE call becomes a LangGraph `interrupt()` whose value is the
@@ -11,14 +11,21 @@ schemas) to hand to `ToolNode(...)` or `create_react_agent(...)`. Run the graph 
   (what a rollback of the session would undo now, newest first). A person approves or rejects
   it in UndoLog; `Command(resume=...)` (any value) then asks UndoLog again: approved, the call
   runs once and the agent gets its result; still pending, the graph interrupts again with the
-  same approval; rejected or timed out, the agent gets an error tool message.
+  same approval; rejected or timed out, the agent gets an error tool message and goes on.
 - **replay**: the step of a call is its place among the tool calls of the conversation
-  (`state["messages"]`), so the node LangGraph re-runs on a resume, or a restarted agent that
-  makes the same calls, maps each call to its recorded effect: its result comes back and its
-  body does not run again.
+  (`state["messages"]`, which the checkpointer persists), so the node LangGraph re-runs on a
+  resume — in this process or another one that loaded the checkpoint — or a restarted agent
+  that makes the same calls, maps each call to its recorded effect: its result comes back and
+  its body does not run again.
+- **conversations**: the session id given names the thread's first session. A run that finds
+  its session closed — completed by an earlier turn, or halted by a rejected call — goes on in
+  the next session of the thread's chain (`next_session_id`, a UUID v5 derived from the
+  previous id, so every process finds the same one); the session object follows it.
 - **rollback**: a tool that raises fails its effect and, unless the `ToolNode` handles the
   error, fails the graph run; leaving the session block with that error rolls the session
-  back (compensations run newest first), as with any `UndoLogSession`.
+  back (compensations run newest first): the calls of the current turn, not earlier turns'.
+  A rejection keeps what its session did: the halted session's undo stack stays for a person
+  to roll back.
 
 Requires the `langgraph` extra (`pip install 'undolog[langgraph]'`). Tools run asynchronously
 only (`ainvoke`/`astream`).
