@@ -1,8 +1,9 @@
 """A LangGraph agent whose tools go through UndoLog, driven by a scripted model (no LLM, no
 network besides the proxy).
 
-The graph is the ReAct loop: a model node and a `ToolNode` holding the tools of
-`examples/agent.py`, made LangGraph tools by `langgraph_tools`: it looks a customer up (SAFE),
+The graph is langchain's prebuilt agent (`create_agent`, the successor of langgraph's
+deprecated `create_react_agent`) holding the tools of `examples/agent.py`, made LangGraph tools
+by `langgraph_tools`: it looks a customer up (SAFE),
 charges their card (COMPENSABLE: recorded once, its refund on the undo stack) and deletes their
 data (IRREVERSIBLE). The deletion stops the graph with a LangGraph interrupt carrying the
 UndoLog approval request (its id, the call, and the undo plan: what a rollback would undo).
@@ -34,12 +35,11 @@ import os
 import sys
 from typing import Any
 
+from langchain.agents import create_agent
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Command
 
 from undolog_sdk import CompensationDescriptor, UndoLogClient, UndoLogSession, run_with_session
@@ -105,6 +105,9 @@ class ScriptedModel(BaseChatModel):
         turn = sum(isinstance(m, AIMessage) for m in messages)
         return ChatResult(generations=[ChatGeneration(message=SCRIPT[turn])])
 
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self  # the script already knows the tools
+
 
 SCRIPT = [
     tool_turn(1, "search_customers", {"query": "ada"}),
@@ -115,18 +118,9 @@ SCRIPT = [
 
 
 def build_graph() -> Any:
-    model = ScriptedModel()
-
-    async def call_model(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [await model.ainvoke(state["messages"])]}
-
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", call_model)
-    builder.add_node("tools", ToolNode(TOOLS))
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
-    return builder.compile(checkpointer=InMemorySaver())  # interrupts need a checkpointer
+    # Interrupts need a checkpointer; a real agent keeps its checkpoints in a database
+    # (langgraph-checkpoint-sqlite or -postgres) so another process can resume the thread.
+    return create_agent(ScriptedModel(), TOOLS, checkpointer=InMemorySaver())
 
 
 async def run(session_id: str | None, *, wait: bool) -> int:

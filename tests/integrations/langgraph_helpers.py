@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
@@ -15,7 +15,8 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from tests.proxy.conftest import ProxyHarness
+if TYPE_CHECKING:  # the agent processes import these helpers, and never the server
+    from tests.proxy.conftest import ProxyHarness
 
 
 class ScriptedModel(BaseChatModel):

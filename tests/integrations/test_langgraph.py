@@ -8,21 +8,30 @@ What it maps, and the test that shows it:
 - replay: a resumed node and a restarted agent get recorded results without running bodies
   again (`test_a_resumed_node_replays_the_calls_it_already_made`,
   `test_a_restarted_agent_replays_what_its_first_run_did`), and a thread resumed from its
-  checkpoint by another process maps its call to the approval
-  (`test_a_graph_resumed_from_its_checkpoint_elsewhere_runs_the_approved_call`);
+  checkpoint elsewhere maps its call to the approval
+  (`test_a_graph_resumed_from_its_checkpoint_elsewhere_runs_the_approved_call`), also from a
+  disk checkpoint in a new OS process
+  (`test_a_graph_resumed_by_another_process_from_its_disk_checkpoint_runs_the_approved_call_once`);
+- conversations: a later user turn and the calls after a rejection go on in the thread's next
+  session (`test_a_second_user_turn_on_the_same_thread_goes_on_in_the_threads_next_session`,
+  `test_after_a_rejection_the_agent_goes_on_and_the_earlier_calls_stay_for_a_person`);
 - rollback: a run that fails rolls the session back, newest first
   (`test_a_failed_run_rolls_the_session_back_newest_first`).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import uuid
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
@@ -45,6 +54,7 @@ from undolog_sdk.integrations.langgraph import (
     approval_requests,
     langgraph_tool,
     langgraph_tools,
+    next_session_id,
 )
 
 
@@ -77,6 +87,16 @@ def make_tools(client: UndoLogClient, ran: list[str], undo: str = "unbook") -> l
                        "explode": CompensationDescriptor.new(undo)},
         client=client,
     )  # fmt: skip
+
+
+def prebuilt_agent(factory: str, model: ScriptedModel, tools: list[Any]) -> Any:
+    if factory == "create_agent":
+        return create_agent(model, tools, checkpointer=InMemorySaver())
+    from langgraph.prebuilt import create_react_agent
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return create_react_agent(model, tools, checkpointer=InMemorySaver())
 
 
 async def test_an_irreversible_call_interrupts_and_runs_once_when_resumed_after_approval(
@@ -316,20 +336,17 @@ async def test_an_approval_that_timed_out_reaches_the_agent_as_an_error_message(
     assert ran == []
 
 
-async def test_the_prebuilt_react_agent_interrupts_and_resumes(
-    proxy: ProxyHarness, client: UndoLogClient
+@pytest.mark.parametrize("factory", ["create_agent", "create_react_agent"])
+async def test_the_prebuilt_agent_interrupts_and_resumes(
+    proxy: ProxyHarness, client: UndoLogClient, factory: str
 ) -> None:
-    """`create_react_agent` (deprecated in favour of langchain's `create_agent`, still shipped
-    by langgraph) dispatches each tool call as its own task; both calls of one turn map."""
-    from langgraph.prebuilt import create_react_agent
-
+    """langchain's `create_agent` (and langgraph's deprecated `create_react_agent`, still
+    shipped) dispatches each tool call as its own task; both calls of one turn map."""
     ran: list[str] = []
     model = ScriptedModel(
         script=[calls_tools(("book", {"seat": "6F"}), ("drop", {"db": "logs"})), AIMessage("ok")]
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        agent = create_react_agent(model, make_tools(client, ran), checkpointer=InMemorySaver())
+    agent = prebuilt_agent(factory, model, make_tools(client, ran))
     config = thread()
     session = UndoLogSession(org_id=proxy.org_id)
     async with run_with_session(session):
@@ -402,24 +419,20 @@ def test_importing_the_sdk_imports_no_framework() -> None:
     assert done.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("prebuilt", [False, True], ids=["tool_node", "react_agent"])
+@pytest.mark.parametrize("prebuilt", [False, True], ids=["tool_node", "create_agent"])
 async def test_two_approvals_in_one_turn_are_both_asked_and_one_resume_runs_both(
     proxy: ProxyHarness, client: UndoLogClient, prebuilt: bool
 ) -> None:
     """A `ToolNode` runs the turn's calls in one LangGraph task, which surfaces one interrupt;
     the prebuilt agent runs each call as its own task, which surfaces both. Either way both
     approvals are pending in UndoLog, and once both are approved one resume runs both."""
-    from langgraph.prebuilt import create_react_agent
-
     ran: list[str] = []
     model = ScriptedModel(
         script=[calls_tools(("drop", {"db": "a"}), ("drop", {"db": "b"})), AIMessage("ok")]
     )
     graph: Any
     if prebuilt:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            graph = create_react_agent(model, make_tools(client, ran), checkpointer=InMemorySaver())
+        graph = prebuilt_agent("create_agent", model, make_tools(client, ran))
     else:
         graph = agent_graph(model, make_tools(client, ran))
     config = thread()
@@ -446,5 +459,150 @@ def test_the_public_names_are_pinned() -> None:
     from undolog_sdk.integrations import langgraph
 
     assert sorted(langgraph.__all__) == [
-        "APPROVAL_TYPE", "approval_requests", "langgraph_tool", "langgraph_tools", "undo_plan",
+        "APPROVAL_TYPE", "approval_requests", "langgraph_tool", "langgraph_tools",
+        "next_session_id", "undo_plan",
     ]  # fmt: skip
+
+
+async def test_a_second_user_turn_on_the_same_thread_goes_on_in_the_threads_next_session(
+    proxy: ProxyHarness, client: UndoLogClient
+) -> None:
+    """The README's way: the thread id is the session id, for every turn. The first turn
+    completes it; each later turn goes on in the next session of the thread's chain, and a
+    failed turn rolls back its own calls only."""
+    ran: list[str] = []
+    undone: list[str] = []
+    undo = f"unbook_{uuid.uuid4().hex[:8]}"
+
+    @compensation(undo)
+    async def unbook(*, original_args: dict[str, Any], **_: Any) -> None:
+        undone.append(original_args["seat"])
+
+    model = ScriptedModel(
+        script=[
+            calls_tools(("book", {"seat": "1A"})), AIMessage("booked 1A"),
+            calls_tools(("book", {"seat": "1A"})), AIMessage("booked 1A again"),
+            calls_tools(("book", {"seat": "2B"})), calls_tools(("explode", {"why": "x"})),
+            AIMessage("unreachable"),
+        ]
+    )  # fmt: skip
+    graph, config = agent_graph(model, make_tools(client, ran, undo)), thread()
+    thread_id = config["configurable"]["thread_id"]
+    for text in ("book 1A", "book 1A again"):
+        async with run_with_session(UndoLogSession(proxy.org_id, thread_id)) as session:
+            result = await graph.ainvoke({"messages": [HumanMessage(text)]}, config)
+        assert "__interrupt__" not in result
+    assert ran == ["book 1A", "book 1A"]  # the person asked twice: two calls, both ran
+    second = next_session_id(thread_id)
+    assert session.session_id == second  # the session object follows the thread
+    for sid in (thread_id, second):
+        view = session_view(proxy, sid)
+        assert view["state"] == "completed"
+        assert [(e["tool_name"], e["state"]) for e in view["effects"]] == [("book", "committed")]
+
+    # A third turn fails: its own booking is rolled back; the first two turns stay in place.
+    with pytest.raises(LookupError, match="x"):
+        async with run_with_session(UndoLogSession(proxy.org_id, thread_id)):
+            await graph.ainvoke({"messages": [HumanMessage("book 2B, then fail")]}, config)
+    assert undone == ["2B"]
+    third = session_view(proxy, next_session_id(second))
+    assert third["state"] == "compensated"
+    assert [(e["tool_name"], e["state"]) for e in third["effects"]] == [
+        ("book", "compensated"), ("explode", "failed"),
+    ]  # fmt: skip
+    assert session_view(proxy, thread_id)["state"] == "completed"
+
+
+async def test_after_a_rejection_the_agent_goes_on_and_the_earlier_calls_stay_for_a_person(
+    proxy: ProxyHarness, client: UndoLogClient
+) -> None:
+    """A rejection halts the session (the engine's rule) and keeps its undo stack: the agent
+    gets the refusal as the tool's result, its next calls go on in the thread's next session,
+    and the earlier booking stays in place until a person rolls the halted session back."""
+    ran: list[str] = []
+    undone: list[str] = []
+    undo = f"unbook_{uuid.uuid4().hex[:8]}"
+
+    @compensation(undo)
+    async def unbook(*, original_args: dict[str, Any], **_: Any) -> None:
+        undone.append(original_args["seat"])
+
+    model = ScriptedModel(
+        script=[
+            calls_tools(("book", {"seat": "4D"})),
+            calls_tools(("drop", {"db": "prod"})),
+            calls_tools(("book", {"seat": "5E"})),
+            AIMessage("booked 5E; the drop was refused"),
+        ]
+    )
+    graph, config = agent_graph(model, make_tools(client, ran, undo)), thread()
+    session_id = config["configurable"]["thread_id"]
+    async with run_with_session(UndoLogSession(proxy.org_id, session_id)):
+        result = await graph.ainvoke({"messages": [HumanMessage("go")]}, config)
+    (request,) = approval_requests(result)
+    approve(proxy, request["approval_id"], "reject")
+    async with run_with_session(UndoLogSession(proxy.org_id, session_id)):
+        result = await graph.ainvoke(Command(resume="decided"), config)
+    assert ran == ["book 4D", "book 5E"]  # the agent went on after the refusal
+    refusal = tool_messages(result)[1]
+    assert refusal.status == "error"
+    assert "(approval_rejected)" in str(refusal.content)
+    assert f"session {session_id} is halted" in str(refusal.content)  # kept, and said so
+    assert result["messages"][-1].content == "booked 5E; the drop was refused"
+
+    halted = session_view(proxy, session_id)
+    assert halted["state"] == "halted"
+    assert [(u["state"]) for u in halted["undo_stack"]] == ["pending"]  # nothing forgotten
+    after = session_view(proxy, next_session_id(session_id))
+    assert after["state"] == "completed"
+    assert [(e["tool_name"], e["args"]) for e in after["effects"]] == [("book", {"seat": "5E"})]
+
+    # A person rolls the halted session back (the dashboard's button, `undolog sessions
+    # rollback ID`, or the SDK as here): the earlier booking is undone.
+    await UndoLogSession(proxy.org_id, session_id, client=client).rollback()
+    assert undone == ["4D"]
+    assert session_view(proxy, session_id)["state"] == "compensated"
+
+
+def run_agent_process(proxy: ProxyHarness, phase: str, folder: Path, session_id: str) -> Any:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        "UNDOLOG_PROXY_URL": proxy.url,
+        "UNDOLOG_API_KEY": proxy.api_key,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.integrations.langgraph_process", phase, str(folder),
+         proxy.org_id, session_id],
+        cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_a_graph_resumed_by_another_process_from_its_disk_checkpoint_runs_the_approved_call_once(
+    proxy: ProxyHarness, tmp_path: Path
+) -> None:
+    """One process runs the graph until the drop waits for approval and exits; a person
+    approves over REST; a new process resumes the thread from the checkpoint on disk. Its
+    `ToolNode` runs the whole turn again: the booking replays (its body does not run again),
+    the drop finds the existing approval and runs once, and no second approval is asked."""
+    session_id = str(uuid.uuid4())
+    first = run_agent_process(proxy, "start", tmp_path, session_id)
+    (request,) = first["requests"]
+    assert (request["tool"], request["tool_call_id"]) == ("drop", "call_drop")
+    assert (tmp_path / "ran.txt").read_text().splitlines() == ["book 9J"]
+    approve(proxy, request["approval_id"])
+
+    second = run_agent_process(proxy, "resume", tmp_path, session_id)
+    assert second["requests"] == []
+    assert second["tool_messages"] == ['{"booked": "9J"}', "dropped legacy"]
+    assert (tmp_path / "ran.txt").read_text().splitlines() == ["book 9J", "drop legacy"]
+    view = session_view(proxy, session_id)
+    assert len(view["approvals"]) == 1  # the resumed call found the existing approval
+    assert [(e["tool_name"], e["state"], e["attempts"], e["replay_count"])
+            for e in view["effects"]] == [
+        ("book", "committed", 1, 1), ("drop", "committed", 1, 0),
+    ]  # fmt: skip
+    assert view["state"] == "completed"

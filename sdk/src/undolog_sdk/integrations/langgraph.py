@@ -1,8 +1,8 @@
-"""LangGraph: UndoLog tools for a `ToolNode` or a prebuilt ReAct agent.
+"""LangGraph: UndoLog tools for a `ToolNode` or a prebuilt agent (langchain's `create_agent`).
 
 `langgraph_tools(fns, tiers=..., compensations=...)` classifies plain async functions as
 `wrap_tools` does and returns LangChain `StructuredTool`s (same names, docstrings, argument
-schemas) to hand to `ToolNode(...)` or `create_react_agent(...)`. Run the graph (`ainvoke`,
+schemas) to hand to `ToolNode(...)` or `create_agent(...)`. Run the graph (`ainvoke`,
 `astream`) inside `run_with_session(session)`; each call of a tool then goes through UndoLog:
 
 - **approval**: an IRREVERSIBLE call becomes a LangGraph `interrupt()` whose value is the
@@ -11,14 +11,21 @@ schemas) to hand to `ToolNode(...)` or `create_react_agent(...)`. Run the graph 
   (what a rollback of the session would undo now, newest first). A person approves or rejects
   it in UndoLog; `Command(resume=...)` (any value) then asks UndoLog again: approved, the call
   runs once and the agent gets its result; still pending, the graph interrupts again with the
-  same approval; rejected or timed out, the agent gets an error tool message.
+  same approval; rejected or timed out, the agent gets an error tool message and goes on.
 - **replay**: the step of a call is its place among the tool calls of the conversation
-  (`state["messages"]`), so the node LangGraph re-runs on a resume, or a restarted agent that
-  makes the same calls, maps each call to its recorded effect: its result comes back and its
-  body does not run again.
+  (`state["messages"]`, which the checkpointer persists), so the node LangGraph re-runs on a
+  resume — in this process or another one that loaded the checkpoint — or a restarted agent
+  that makes the same calls, maps each call to its recorded effect: its result comes back and
+  its body does not run again.
+- **conversations**: the session id given names the thread's first session. A run that finds
+  its session closed — completed by an earlier turn, or halted by a rejected call — goes on in
+  the next session of the thread's chain (`next_session_id`, a UUID v5 derived from the
+  previous id, so every process finds the same one); the session object follows it.
 - **rollback**: a tool that raises fails its effect and, unless the `ToolNode` handles the
   error, fails the graph run; leaving the session block with that error rolls the session
-  back (compensations run newest first), as with any `UndoLogSession`.
+  back (compensations run newest first): the calls of the current turn, not earlier turns'.
+  A rejection keeps what its session did: the halted session's undo stack stays for a person
+  to roll back.
 
 Requires the `langgraph` extra (`pip install 'undolog[langgraph]'`). Tools run asynchronously
 only (`ainvoke`/`astream`).
@@ -30,6 +37,7 @@ import asyncio
 import contextlib
 import inspect
 import typing
+import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -40,12 +48,19 @@ from langgraph.types import Interrupt, interrupt
 
 from undolog_sdk.client import UndoLogClient, default_client
 from undolog_sdk.decorators import AwaitingApprovalError, wrap_tools
-from undolog_sdk.errors import ApprovalRejected, ApprovalTimedOut
+from undolog_sdk.errors import ApprovalRejected, ApprovalTimedOut, NotFound, SessionClosed
 from undolog_sdk.session import UndoLogSession, get_current_session, require_current_session
 from undolog_sdk.signature import call_signature
 from undolog_sdk.tier import CompensationDescriptor, ToolTier
 
-__all__ = ["APPROVAL_TYPE", "approval_requests", "langgraph_tool", "langgraph_tools", "undo_plan"]
+__all__ = [
+    "APPROVAL_TYPE",
+    "approval_requests",
+    "langgraph_tool",
+    "langgraph_tools",
+    "next_session_id",
+    "undo_plan",
+]
 
 APPROVAL_TYPE = "undolog_approval"
 """The `type` of an interrupt value that is an UndoLog approval request."""
@@ -187,13 +202,36 @@ class _Call:
                 # The first time, this stops the graph (GraphInterrupt). On a resume it returns
                 # the resume value, whatever it is: UndoLog decides, so ask it again.
                 interrupt(request)
+            except SessionClosed as closed:
+                # An earlier turn completed the session, or a rejection halted it: the thread
+                # goes on in the next session of its chain (the same one in every process).
+                following = await _open_session_after(self._client(view), view, closed)
+                self.session.session_id = following  # the run's later calls go there directly
             except (ApprovalRejected, ApprovalTimedOut) as refused:
                 self._forget(view)
-                raise ToolException(
-                    f"UndoLog: the call of '{self.name}' will not run ({refused.code}): {refused}"
-                ) from None
+                raise ToolException(await self._refusal(refused, view)) from None
             finally:
                 self._merge(view)
+
+    async def _refusal(
+        self, refused: ApprovalRejected | ApprovalTimedOut, view: UndoLogSession
+    ) -> str:
+        """What the agent reads as the tool's result when its call will not run."""
+        text = f"UndoLog: the call of '{self.name}' will not run ({refused.code}): {refused}"
+        if not isinstance(refused, ApprovalRejected):
+            return text
+        # The rejection halted the session; what it did stays in place, and the message says
+        # so (and to whom), so the refund of an earlier charge is never silently forgotten.
+        plan = await undo_plan(self._client(view), view.org_id, view.session_id)
+        kept = ", ".join(f"{p['tool']} (undone by {p['compensation']})" for p in plan)
+        return (
+            f"{text}. UndoLog session {view.session_id} is halted: its earlier calls stay in "
+            f"place ({kept or 'nothing to undo'}) until a person rolls it back; later calls go "
+            "on in a new session."
+        )
+
+    def _client(self, view: UndoLogSession) -> UndoLogClient:
+        return self.client or view.client or self.session.client or default_client()
 
     def _view(self) -> UndoLogSession:
         """The session as this call sees it: the run's own, or (when the graph state gives the
@@ -220,7 +258,7 @@ class _Call:
         """A refused call waits for nothing any more."""
         step = self.step if self.step is not None else view._step_index + 1
         try:
-            signed = call_signature(self.session.session_id, step, self.name, self.args)
+            signed = call_signature(view.session_id, step, self.name, self.args)
         except ValueError:
             return
         self.session._awaiting.pop(signed, None)
@@ -228,18 +266,61 @@ class _Call:
     async def _request(
         self, waiting: AwaitingApprovalError, view: UndoLogSession
     ) -> dict[str, Any]:
-        client = self.client or view.client or default_client()
+        client = self._client(view)
         return {
             "type": APPROVAL_TYPE,
             "approval_id": waiting.approval_id,
             "tool": self.name,
             "args": self.args,
             "step_index": waiting.step_index,
-            "session_id": self.session.session_id,
+            "session_id": view.session_id,
             "tool_call_id": self.runtime.tool_call_id if self.runtime is not None else None,
             "retry_after": waiting.retry_after,
-            "undo_plan": await undo_plan(client, self.session.org_id, self.session.session_id),
+            "undo_plan": await undo_plan(client, view.org_id, view.session_id),
         }
+
+
+_CHAIN = uuid.UUID("5b0c2f55-6d1e-4c44-9a53-2f1d3c8e7a10")
+"""The namespace of `next_session_id` (a fixed value: every process derives the same chain)."""
+
+# The session states a thread goes on from into the next session of its chain: a turn that
+# ended, a rejection. A session rolled back or failed stops the run instead (someone, or
+# something, ended it on purpose).
+_CONTINUED = frozenset({"completed", "halted"})
+
+# How many closed sessions a run walks past before it gives up (a thread that many turns
+# long is far beyond any conversation; the bound keeps a bug from looping).
+_MAX_CHAIN = 10_000
+
+
+def next_session_id(session_id: str) -> str:
+    """The session a LangGraph thread goes on in once `session_id` is closed (completed by
+    an earlier turn, or halted by a rejection): a UUID v5 derived from it, so every process
+    finds the same chain. `next_session_id(next_session_id(s))` follows it further."""
+    return str(uuid.uuid5(_CHAIN, session_id))
+
+
+async def _open_session_after(
+    client: UndoLogClient, view: UndoLogSession, closed: SessionClosed
+) -> str:
+    """The first session of the chain after `view`'s that is open (active, or not yet
+    known to the proxy).
+
+    Raises:
+        SessionClosed: the closed session (or one after it) was rolled back or failed.
+    """
+    session_id = view.session_id
+    for _ in range(_MAX_CHAIN):
+        try:
+            state = (await client._call("GET", f"/sessions/{session_id}", view.org_id))["state"]
+        except NotFound:
+            return session_id
+        if state == "active" and session_id != view.session_id:
+            return session_id
+        if state not in _CONTINUED:
+            raise SessionClosed(session_id, state) from closed
+        session_id = next_session_id(session_id)
+    raise closed
 
 
 async def undo_plan(client: UndoLogClient, org_id: str, session_id: str) -> list[dict[str, Any]]:
@@ -322,7 +403,7 @@ class _Turn:
             yield None
             return
         current = get_current_session()  # calls of other runs never wait for these
-        turn = cls((current.session_id if current is not None else "", *place.turn))
+        turn = cls((str(id(current)), *place.turn))
         cls._running.setdefault(turn.key, set()).add(turn.settled)
         try:
             yield turn
