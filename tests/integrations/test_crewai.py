@@ -76,7 +76,7 @@ def final(answer: str) -> str:
     return f"Thought: I now know the final answer\nFinal Answer: {answer}"
 
 
-class Scripted(BaseLLM):  # type: ignore[misc]
+class Scripted(BaseLLM):
     """A model that answers its n-th request with `steps[n]` (an exception is raised; the last
     step answers every later request: CrewAI retries a failed model call) and keeps what it was
     shown (the tools' results are in the conversation)."""

@@ -102,7 +102,7 @@ async def undolog_kickoff(crew: Any, inputs: dict[str, Any] | None = None) -> An
         _home_loop.reset(token)
 
 
-class UndoLogCrewTool(BaseTool):  # type: ignore[misc]  # BaseTool is Any without crewai
+class UndoLogCrewTool(BaseTool):
     """A CrewAI tool whose calls go through UndoLog (made by `undolog_crewai_tool`)."""
 
     _call: Callable[..., Awaitable[Any]] = PrivateAttr()
@@ -127,7 +127,7 @@ class UndoLogCrewTool(BaseTool):  # type: ignore[misc]  # BaseTool is Any withou
         # CrewAI's agents call the structured tool; before 1.7 it did not carry the tool's
         # `cache_function`, and its results went to CrewAI's tool cache.
         structured = super().to_structured_tool()
-        structured.cache_function = _never_cache
+        setattr(structured, "cache_function", _never_cache)  # noqa: B010  # none before 1.7
         return structured
 
     async def _through_undolog(self, kwargs: dict[str, Any]) -> Any:
