@@ -11,8 +11,10 @@ skip without it. Run them in an environment with both, e.g.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,7 +28,9 @@ os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("CREWAI_TRACING_ENABLED", "false")
 os.environ.setdefault("CREWAI_TESTING", "true")
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
-os.environ.setdefault("CREWAI_STORAGE_DIR", tempfile.mkdtemp(prefix="undolog-crewai-"))
+if "CREWAI_STORAGE_DIR" not in os.environ:
+    os.environ["CREWAI_STORAGE_DIR"] = storage = tempfile.mkdtemp(prefix="undolog-crewai-")
+    atexit.register(shutil.rmtree, storage, ignore_errors=True)
 
 pytest.importorskip(
     "crewai", reason="crewai is not installed (it cannot join the dev group: see the docstring)"
