@@ -22,19 +22,19 @@ from typing import Any
 
 import pytest
 
-# CrewAI's telemetry and trace upload stay off and its first-run prompt away (the tests never
-# leave the machine); its task-output database goes to a temporary directory, not the home.
-os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("CREWAI_TRACING_ENABLED", "false")
-os.environ.setdefault("CREWAI_TESTING", "true")
-os.environ.setdefault("OTEL_SDK_DISABLED", "true")
-if "CREWAI_STORAGE_DIR" not in os.environ:
-    os.environ["CREWAI_STORAGE_DIR"] = storage = tempfile.mkdtemp(prefix="undolog-crewai-")
-    atexit.register(shutil.rmtree, storage, ignore_errors=True)
-
 pytest.importorskip(
     "crewai", reason="crewai is not installed (it cannot join the dev group: see the docstring)"
 )
+
+# CrewAI's telemetry and trace upload stay off and its first-run prompt away (the tests never
+# leave the machine); its task-output database goes to a temporary directory, not the home.
+# CrewAI reads these when a crew runs; set only where it is installed, so a skip changes nothing.
+os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("CREWAI_TRACING_ENABLED", "false")
+os.environ.setdefault("CREWAI_TESTING", "true")
+if "CREWAI_STORAGE_DIR" not in os.environ:
+    os.environ["CREWAI_STORAGE_DIR"] = storage = tempfile.mkdtemp(prefix="undolog-crewai-")
+    atexit.register(shutil.rmtree, storage, ignore_errors=True)
 
 from crewai import Agent, Crew, Task
 from crewai.llms.base_llm import BaseLLM
