@@ -232,6 +232,9 @@ def test_replays_are_served_while_the_database_refuses_writes(
         probes = [Call(c.session_id, c.step, c.tool) for c in calls]
         for probe in probes:
             cluster.settle(server, probe, max_tries=READ_ONLY_TRIES)
+        # Readiness means "takes calls": a database that answers but refuses writes is not
+        # ready (a standby, say, when the primary is gone: tests/faults/test_failover.py).
+        not_ready = httpx.get(server.url + "/ready", timeout=DEADLINE)
     finally:
         asyncio.run(read_only(False))
 
@@ -247,6 +250,9 @@ def test_replays_are_served_while_the_database_refuses_writes(
                  duplicates=cluster.duplicates([c.session_id for c in calls]), lost=len(lost),
                  stuck=0)  # fmt: skip
     assert lost == []
+    assert not_ready.status_code == 503, not_ready.text
+    assert not_ready.json()["code"] == "store_unavailable"
+    assert "read-only" not in not_ready.text  # the database's own words stay in the log
 
 
 HELD_CALLS = 4

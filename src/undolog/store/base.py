@@ -97,6 +97,12 @@ class StoreBase(abc.ABC):
     @abc.abstractmethod
     async def schema_version(self) -> int: ...
 
+    async def writable(self) -> bool:
+        """By default a store that answers takes writes (SQLite: a file this process opened
+        for writing)."""
+        await self.schema_version()
+        return True
+
     @abc.abstractmethod
     async def close(self) -> None: ...
 

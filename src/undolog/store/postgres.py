@@ -376,6 +376,21 @@ class PostgresStore(StoreBase):
             raise Database(str(exc)) from exc
         return int(value or 0)
 
+    async def writable(self) -> bool:
+        """Whether the server this pool reaches takes writes: neither a standby in recovery
+        (the primary is gone and the URL has no `target_session_attrs=read-write`, or a
+        connection outlived a switchover) nor read-only (`default_transaction_read_only`)."""
+        try:
+            async with self._pool.acquire() as conn:
+                return bool(
+                    await conn.fetchval(
+                        "SELECT NOT pg_is_in_recovery() "
+                        "AND current_setting('transaction_read_only') = 'off'"
+                    )
+                )
+        except _DRIVER_ERRORS as exc:
+            raise Database(str(exc)) from exc
+
     async def autovacuum_on(self) -> bool:
         """Whether the server runs autovacuum, which also keeps the planner's statistics.
 

@@ -460,4 +460,9 @@ class Store(Protocol):
 
     async def schema_version(self) -> int: ...
 
+    async def writable(self) -> bool:
+        """Whether the store answers and takes writes now (`/ready`): a PostgreSQL standby or
+        a read-only database answers reads but does not. Raises `Database` when it does not
+        answer at all."""
+
     async def close(self) -> None: ...
