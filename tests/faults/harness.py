@@ -163,6 +163,8 @@ class Cluster:
                     "UNDOLOG_CONFIG": str(self.config),
                     "UNDOLOG_PORT": str(port),
                     "UNDOLOG_LOG_LEVEL": "warning",
+                    # Each proxy its own spool (a process recovers its spool at start).
+                    "UNDOLOG_SPOOL_DIR": str(self.logs / f"spool-{name}-{port}"),
                     **env,
                     **({"UNDOLOG_CRASH_POINT": crash} if crash else {}),
                 },

@@ -303,3 +303,19 @@ def effect_state(proxy: ProxyHarness, org_id: str, effect_id: str) -> str:
             await store.close()
 
     return asyncio.run(read())
+
+
+def test_a_spooled_result_this_store_does_not_hold_stays_in_the_spool(
+    proxy_factory: Any, tmp_path: Path
+) -> None:
+    """A spool moved to a proxy on another database: its results are not this store's to
+    settle, and they are not dropped either; they stay for the operator or the right proxy."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    line = {"status": "held", "org_id": "org-elsewhere", "effect_id": str(uuid.uuid4()),
+            "tool_name": "slow", "attempt": 1, "undoable": True, "result": {"success": True}}  # fmt: skip
+    (spool / SPOOL_FILE).write_bytes(orjson.dumps(line) + b"\n")
+    proxy = proxy_factory(spool_dir=str(spool), commit_retry_backoff_ms=10)
+    held = proxy.runtime.held
+    wait_until(lambda: not held._tasks, what="the recovery to try the spooled result")
+    assert spool_lines(proxy) == [line]

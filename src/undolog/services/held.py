@@ -246,6 +246,11 @@ class HeldResults:
                 delay = min(delay * 2, _MAX_BACKOFF_S)
                 try:
                     settled_here = await self._settle(held)
+                except NotFound:
+                    # Not this store's effect (a spool moved to a proxy on another database):
+                    # the line stays in the spool, for the operator or the right proxy.
+                    log.error("held_result_effect_not_found", spool=str(self.path))
+                    return
                 except UndoLogError as exc:
                     if exc.retryable:  # the store is still away
                         continue
@@ -275,7 +280,9 @@ class HeldResults:
         try:
             effect = await self.engine.get_effect(held.org_id, held.effect_id)
         except NotFound:
-            return False
+            if held.result_json is None:  # the lost intent never committed: nothing to record
+                return False
+            raise  # a result for an effect this store does not hold: kept for the operator
         lease = effect.lease_expires_us
         orphan = lease is None or lease <= now_us()
         if effect.state == EffectState.EXECUTING and effect.attempts == held.attempt:
