@@ -312,8 +312,10 @@ def test_a_spooled_result_this_store_does_not_hold_stays_in_the_spool(
     settle, and they are not dropped either; they stay for the operator or the right proxy."""
     spool = tmp_path / "spool"
     spool.mkdir()
-    line = {"status": "held", "org_id": "org-elsewhere", "effect_id": str(uuid.uuid4()),
-            "tool_name": "slow", "attempt": 1, "undoable": True, "result": {"success": True}}  # fmt: skip
+    line = {
+        "status": "held", "org_id": "org-elsewhere", "effect_id": str(uuid.uuid4()),
+        "tool_name": "slow", "attempt": 1, "undoable": True, "result": {"success": True},
+    }  # fmt: skip
     (spool / SPOOL_FILE).write_bytes(orjson.dumps(line) + b"\n")
     proxy = proxy_factory(spool_dir=str(spool), commit_retry_backoff_ms=10)
     held = proxy.runtime.held
