@@ -165,6 +165,9 @@ class Cluster:
                     "UNDOLOG_LOG_LEVEL": "warning",
                     # Each proxy its own spool (a process recovers its spool at start).
                     "UNDOLOG_SPOOL_DIR": str(self.logs / f"spool-{name}-{port}"),
+                    # Storms and retry loops far above a key's call quota: not under test here.
+                    "UNDOLOG_KEY_CALLS_PER_SECOND": "100000",
+                    "UNDOLOG_KEY_CALL_BURST": "100000",
                     **env,
                     **({"UNDOLOG_CRASH_POINT": crash} if crash else {}),
                 },

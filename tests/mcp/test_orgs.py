@@ -52,6 +52,7 @@ def two_orgs(mcp: dict[str, Any], tmp_path: Path) -> Iterator[tuple[Gateway, Gat
         log_level="warning",
         orgs=tuple(OrgConfig(org_id=org, keys=role_keys(keys[org])) for org in ids),
         mcp=parse_mcp_settings({"approval_wait_seconds": 0, **_with_orgs(mcp, ids)}),
+        allow_self_approval=True,  # each org's one admin key calls and approves
     )
     server = ThreadServer(create_app(settings)).start()
     try:

@@ -197,7 +197,7 @@ def spawn_proxy(
         "UNDOLOG_PORT": str(port),
         "UNDOLOG_LOG_LEVEL": "warning",
         # Held results go next to the config (the test's tmp dir), never into the repo.
-        "UNDOLOG_SPOOL_DIR": str(config_path.parent / "spool"),
+        "UNDOLOG_SPOOL_DIR": str(config_path.parent / f"spool-{port}"),  # one per process
         "UNDOLOG_METRICS_TOKEN": TEST_METRICS_TOKEN,
         "UNDOLOG_ALLOW_SELF_APPROVAL": "true",  # one admin key calls and approves (make_settings)
         **env,

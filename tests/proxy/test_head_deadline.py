@@ -264,12 +264,14 @@ def test_a_whole_body_in_the_heads_chunk_reads_no_clock_and_arms_no_body_timer()
 
 
 class _Conn:
-    """What `Seats` asks of a connection: its address, and to be shed."""
+    """What `Seats` asks of a connection: its address, whether its answer is being made, and
+    to be shed."""
 
     def __init__(self, seats: Seats, host: str) -> None:
         self.host = host
         self.seats = seats
         self.shed_count = 0
+        self.answering = False
 
     def shed(self) -> None:
         self.shed_count += 1
@@ -321,3 +323,15 @@ def test_verified_connections_are_never_shed_and_past_them_a_newcomer_is_refused
     _, seated = _arrive(seats, "10.0.0.2")
     assert not seated
     assert not any(c.shed_count for c in verified)
+
+
+def test_a_connection_being_answered_is_shed_after_the_others_of_its_address() -> None:
+    """From one address, the oldest connection whose request is already in (a `/health`, a
+    key being checked) is passed over for the next oldest that is still sending."""
+    seats = _seats(max_connections_per_client=2)
+    answered, sending = _Conn(seats, "10.0.0.1"), _Conn(seats, "10.0.0.1")
+    answered.answering = True
+    for conn in (answered, sending):
+        assert seats.seat(conn)  # type: ignore[arg-type]
+    assert seats.seat(_Conn(seats, "10.0.0.1"))  # type: ignore[arg-type]
+    assert (answered.shed_count, sending.shed_count) == (0, 1)

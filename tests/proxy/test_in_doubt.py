@@ -24,6 +24,8 @@ from tests.support.servers import ThreadServer, wait_until
 from undolog.demo.catalog import DEMO_TOOLS
 
 TOOL_CALL = "/mcp/tool_call"
+# These tests send duplicates as fast as the proxy answers, far above a key's call quota.
+HAMMERED = {"key_calls_per_second": 100_000, "key_call_burst": 100_000}
 
 
 def slow(session_id: str, seconds: float, step: int = 1) -> dict[str, Any]:
@@ -141,7 +143,7 @@ def test_a_call_longer_than_its_lease_keeps_it_while_the_proxy_lives(proxy_facto
     # Renewed every lease/3 by the proxy's own event loop, which this test keeps busy with
     # duplicates: a lease under a second was missed on a loaded 2-core machine.
     lease = 1.5
-    proxy: ProxyHarness = proxy_factory(lease_seconds=lease, lease_sweep_seconds=0.1)
+    proxy: ProxyHarness = proxy_factory(lease_seconds=lease, lease_sweep_seconds=0.1, **HAMMERED)
     body = slow(str(uuid.uuid4()), lease * 3)
     answer, duplicates, last = _duplicates_until_done(proxy, body, lease)
     assert outcome(answer) == "200 executed", answer.json()
@@ -153,7 +155,7 @@ def test_a_call_longer_than_its_lease_keeps_it_while_the_proxy_lives(proxy_facto
 
 def test_an_idempotent_call_longer_than_its_lease_is_not_run_twice(proxy_factory: Any) -> None:
     lease = 1.5  # renewals share the event loop the duplicates keep busy (above)
-    proxy: ProxyHarness = proxy_factory(lease_seconds=lease, lease_sweep_seconds=0.1)
+    proxy: ProxyHarness = proxy_factory(lease_seconds=lease, lease_sweep_seconds=0.1, **HAMMERED)
     with proxy.client() as c:
         spec = {**DEMO_TOOLS["slow"], "idempotent_upstream": True}
         c.put("/tools/slow", json=spec).raise_for_status()
@@ -173,7 +175,7 @@ def test_a_rerun_that_loses_the_commit_race_answers_the_recorded_result(
     from undolog.proxy import create_app
 
     lease = 0.5
-    first: ProxyHarness = proxy_factory(lease_seconds=lease, lease_sweep_seconds=1000)
+    first: ProxyHarness = proxy_factory(lease_seconds=lease, lease_sweep_seconds=1000, **HAMMERED)
     on_proxy_loop(first, first.runtime.leases.stop)
     second = ThreadServer(create_app(first.settings)).start()
     try:
@@ -254,7 +256,7 @@ def test_an_approved_call_longer_than_its_lease_keeps_it_while_it_runs(
     # Renewed every lease/3 by the proxy's own event loop, which this test keeps busy with
     # duplicates: a lease under a second was missed on a loaded 2-core machine.
     lease = 1.5
-    proxy: ProxyHarness = proxy_factory(lease_seconds=lease, lease_sweep_seconds=0.1)
+    proxy: ProxyHarness = proxy_factory(lease_seconds=lease, lease_sweep_seconds=0.1, **HAMMERED)
     body = slow(str(uuid.uuid4()), lease * 3)
     with proxy.client() as c:
         c.put("/tools/slow", json={"tier": "irreversible"}).raise_for_status()

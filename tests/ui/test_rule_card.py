@@ -35,7 +35,9 @@ def test_the_card_shows_the_rule_the_approvers_and_the_changed_args(dashboard: D
     with proxy.client(proxy.approver_key) as approver, proxy.client() as admin:
         first = approver.post(f"/approvals/{approval_id}/approve", json=changed)
         assert first.json()["execution"] == "awaiting_approvers", first.text
-        second = admin.post(f"/approvals/{approval_id}/approve")
+        # The edit started a new round: the second approver approves what will run now.
+        runs = admin.get(f"/approvals/{approval_id}").json()["args_hash"]
+        second = admin.post(f"/approvals/{approval_id}/approve", json={"args_hash": runs})
         assert second.json()["execution"] == "committed", second.text
 
     dashboard.go("#/approvals/approved")

@@ -68,7 +68,7 @@ def _append_line(path: Path, line: bytes) -> None:
 def spool_problem(spool_dir: str) -> str | None:
     """Why no line can be written and fsync'd to the spool in `spool_dir` (made if missing),
     or None: a probe file is written there, and the spool file opened for appending."""
-    probe = Path(spool_dir) / _PROBE_FILE
+    probe = Path(spool_dir) / f"{_PROBE_FILE}-{os.getpid()}"  # processes may share a folder
     try:
         probe.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
