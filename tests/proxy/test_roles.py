@@ -92,6 +92,10 @@ def test_an_agent_cannot_lower_a_tools_tier_and_the_next_call_still_waits(
     with proxy.client(proxy.agent_key) as agent:
         lowered = agent.put("/tools/delete_database", json={"tier": "safe"})
         assert (lowered.status_code, code(lowered)) == (403, "forbidden")
+        # Refused before its body was read: the server does not keep the connection, and
+        # says so, so the client opens a new one for its next request (it got a
+        # RemoteProtocolError when the body arrived after the answer).
+        assert lowered.headers.get("connection") == "close"
         added = agent.put("/tools/new_tool", json={"tier": "safe"})
         assert (added.status_code, code(added)) == (403, "forbidden")
         pending_drop(agent)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import uuid
 
+from playwright.sync_api import expect
+
 from tests.ui.conftest import Dashboard
 
 TOOL_CALL = "/mcp/tool_call"
@@ -42,9 +44,10 @@ def test_the_card_shows_the_rule_the_approvers_and_the_changed_args(dashboard: D
 
     dashboard.go("#/approvals/approved")
     decided = page.locator(f"#approval-list [data-approval='{approval_id}']")
-    decided.wait_for()
+    # The list of decided approvals replaces the pending one when its fetch answers: until
+    # then the card found may still be the pending one ("0 of 2").
+    expect(decided.locator(".approvers")).to_contain_text("key:approver, key:admin")
     assert decided.locator(".rule").inner_text() == "mail-needs-two"
-    assert "key:approver, key:admin" in decided.locator(".approvers").inner_text()
     diff = decided.locator(".args-diff")
     assert diff.locator("li.added").inner_text() == '+ cc: "boss"'
     assert diff.locator("li.changed").inner_text() == (

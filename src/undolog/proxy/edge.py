@@ -244,14 +244,20 @@ async def _send_mcp_refusal(send: Send, exc: UndoLogError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _with_id(send: Send, request_id: str, status_holder: list[int]) -> Send:
-    """`send` adding the `X-Request-Id` header to the response and noting its status."""
-    rid = request_id.encode()
+def _with_id(
+    send: Send, request_id: str, status_holder: list[int], *, closing: bool = False
+) -> Send:
+    """`send` adding the `X-Request-Id` header to the response and noting its status;
+    `closing`: also `Connection: close` (answered before the body was read, the connection
+    is not kept, and the client must not send another request on it)."""
+    extra = [(b"x-request-id", request_id.encode())]
+    if closing:
+        extra.append((b"connection", b"close"))
 
     async def send_with_id(message: Message) -> None:
         if message["type"] == "http.response.start":
             status_holder[0] = message["status"]
-            message["headers"] = [*message.get("headers", []), (b"x-request-id", rid)]
+            message["headers"] = [*message.get("headers", []), *extra]
         await send(message)
 
     return send_with_id
@@ -341,8 +347,8 @@ class Edge:
         status_holder: list[int],
     ) -> None:
         """Limits and auth, then the route; `status_holder` gets the answer's status."""
+        has_body = scope["method"] in _BODY_METHODS
         try:
-            has_body = scope["method"] in _BODY_METHODS
             if has_body:
                 self._check_declared_length(scope)
             # The key is checked from the headers, before the body is read: a request without
@@ -371,12 +377,15 @@ class Edge:
                     return
                 receive = body
         except UndoLogError as exc:
+            # Refused before its body was read: the server does not keep the connection.
+            unread = has_body and not isinstance(receive, _BodyReplay)
+            refusal = _with_id(send, request_id, status_holder, closing=unread)
             if path == MCP_PATH and isinstance(exc, AuthFailed | Forbidden):
-                await _send_mcp_refusal(_with_id(send, request_id, status_holder), exc)
+                await _send_mcp_refusal(refusal, exc)
                 return
             # The app's one mapping.
             error = answer_error(request_id, exc, path)
-            await error(scope, receive, _with_id(send, request_id, status_holder))
+            await error(scope, receive, refusal)
             return
         fast = self.fast_routes.get((scope["method"], path))
         if fast is None:
