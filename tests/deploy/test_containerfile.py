@@ -1,6 +1,7 @@
-"""deploy/Containerfile, read statically (another job builds and runs it): two stages, the base
-image a build argument defaulting to an official slim Python 3.11, a non-root final stage with
-no compiler, `undolog serve` by default, `undolog migrate` runnable alone, a HEALTHCHECK."""
+"""deploy/Containerfile, read statically (tests/deploy/test_image.py builds and runs it): two
+stages, the base image a build argument defaulting to an official slim Python 3.11, a non-root
+final stage with no compiler, `undolog serve` by default, `undolog migrate` runnable alone, a
+HEALTHCHECK."""
 
 from __future__ import annotations
 
