@@ -114,5 +114,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--faults-seeds",
         type=int,
         default=None,
-        help="how many seeds each seeded test of tests/faults runs (default: a few, for CI)",
+        help="how many trials of each case tests/faults runs, one seed each (default: 1, for CI)",
+    )
+    parser.addoption(
+        "--faults-report",
+        default=None,
+        help="write the fault suite's counts per case and store to this file, as JSON",
     )

@@ -1,14 +1,20 @@
-"""Fixtures of the fault suite: the counting upstream, clusters of proxies, seeds, the report.
+"""Fixtures of the fault suite: the counting upstream, clusters of proxies, trials, the report.
 
-`--faults-seeds N` (declared in tests/conftest.py) sets how many seeds each seeded test runs;
-the default is small so that CI runs the bounded suite in a few minutes. Each test reports
-one line, "faults: store=S point=P trials=N duplicates=D lost=L stuck=K": it is printed in
-the terminal summary (no `-s` needed), written to `faults-summary.txt` under pytest's base
-temporary directory, and attached to the test as a JUnit property.
+A *case* is one fault (a crash point, an outage, a full disk...) on one store. Every test that
+reports counts (`fault_report`) is a case and runs once per trial: `--faults-seeds N`
+(declared in tests/conftest.py) runs N trials of every case, each with its own seed; the
+default is small so that CI runs the bounded suite in a few minutes. Each trial reports one
+line, "faults: store=S point=P calls=N duplicates=D lost=L stuck=K [recovery_s=R]" (the calls
+the trial made, and what became of them); the terminal summary (no `-s` needed) gives every
+line and then one line per case and store: its trials, and the counts summed over them (the
+highest recovery time). The lines are also written to
+`faults-summary.txt` under pytest's base temporary directory, as JSON to `--faults-report
+PATH` when given, and attached to the test as a JUnit property.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,9 +32,31 @@ _LINES = pytest.StashKey[list[str]]()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # `fault_report` asks for `seed`, so every reporting test is parametrized: N trials a case.
     if "seed" in metafunc.fixturenames:
         seeds = metafunc.config.getoption("faults_seeds", None) or DEFAULT_SEEDS
         metafunc.parametrize("seed", range(int(seeds)), ids=lambda s: f"seed{s}")
+
+
+COUNTS = ("calls", "duplicates", "lost", "stuck")
+
+
+def _fields(line: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in line.split()[1:])
+
+
+def case_totals(lines: list[str]) -> dict[tuple[str, str], dict[str, float]]:
+    """(store, point) -> the counts summed over its trials, and the highest recovery time."""
+    totals: dict[tuple[str, str], dict[str, float]] = {}
+    for line in lines:
+        fields = _fields(line)
+        total = totals.setdefault((fields["store"], fields["point"]), {"trials": 0})
+        total["trials"] += 1
+        for name in COUNTS:
+            total[name] = total.get(name, 0) + int(fields[name])
+        if "recovery_s" in fields:
+            total["recovery_s"] = max(total.get("recovery_s", 0.0), float(fields["recovery_s"]))
+    return totals
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -38,31 +66,44 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.section("fault suite")
     for line in lines:
         terminalreporter.write_line(line)
-    totals: dict[str, list[int]] = {}
-    for line in lines:
-        fields = dict(part.split("=", 1) for part in line.split()[1:])
-        total = totals.setdefault(fields["store"], [0, 0, 0, 0])
-        for i, name in enumerate(("trials", "duplicates", "lost", "stuck")):
-            total[i] += int(fields[name])
-    for store, (trials, duplicates, lost, stuck) in sorted(totals.items()):
+    totals = case_totals(lines)
+    for (store, point), total in sorted(totals.items()):
+        recovery = f" max_recovery_s={total['recovery_s']:.2f}" if "recovery_s" in total else ""
         terminalreporter.write_line(
-            f"faults total: store={store} trials={trials} duplicates={duplicates} "
-            f"lost={lost} stuck={stuck}"
+            f"faults case: store={store} point={point} trials={int(total['trials'])} "
+            + " ".join(f"{name}={int(total[name])}" for name in COUNTS)
+            + recovery
         )
+    for store in sorted({store for store, _ in totals}):
+        summed = [sum(int(t[name]) for (s, _), t in totals.items() if s == store)
+                  for name in COUNTS]  # fmt: skip
+        terminalreporter.write_line(
+            f"faults total: store={store} "
+            + " ".join(f"{name}={n}" for name, n in zip(COUNTS, summed, strict=True))
+        )
+    path = terminalreporter.config.getoption("faults_report", None)
+    if path:
+        report = [
+            {"store": store, "point": point, **total}
+            for (store, point), total in sorted(totals.items())
+        ]
+        Path(path).write_text(json.dumps({"cases": report, "lines": lines}, indent=2) + "\n")
 
 
 @pytest.fixture
 def fault_report(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, seed: int
 ) -> Callable[..., str]:
-    """Record a test's counts (before it asserts them, so a failing test reports too)."""
+    """Record a trial's counts (before it asserts them, so a failing trial reports too)."""
 
     def report(*, store: str, point: str, trials: int, duplicates: int, lost: int,
-               stuck: int) -> str:  # fmt: skip
+               stuck: int, recovery: float | None = None) -> str:  # fmt: skip
         line = (
-            f"faults: store={store} point={point} trials={trials} duplicates={duplicates} "
+            f"faults: store={store} point={point} calls={trials} duplicates={duplicates} "
             f"lost={lost} stuck={stuck}"
         )
+        if recovery is not None:
+            line += f" recovery_s={recovery:.2f}"
         request.config.stash.setdefault(_LINES, []).append(line)
         request.node.user_properties.append(("faults", line))
         summary = tmp_path_factory.getbasetemp() / "faults-summary.txt"

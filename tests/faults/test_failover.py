@@ -379,9 +379,10 @@ def test_a_primary_killed_under_16_clients_fails_over_to_its_synchronous_standby
     felt = sum(retried.values())
     in_doubt = sum(1 for c in calls if c.last == IN_DOUBT)
     line = fault_report(store="postgres", point="failover", trials=len(calls),
-                        duplicates=duplicates, lost=len(lost), stuck=stuck)  # fmt: skip
+                        duplicates=duplicates, lost=len(lost), stuck=stuck,
+                        recovery=recovery)  # fmt: skip
     print(
-        f"{line} seconds_to_recovery={recovery:.2f} (kill to promote "
+        f"{line} (kill to promote "
         f"{clock.promoting - clock.killed:.2f}, "
         f"promote took {clock.promoted - clock.promoting:.2f}, "
         f"promote to first success {clock.first_success - clock.promoting:.2f}; "

@@ -2,7 +2,7 @@
 
 The storm: 64 identical calls at once, split over two proxy processes on one database, each
 client retrying until it has a final answer: the tool runs exactly once and every client that
-got a result got the same one. The outage: 16 clients call in a loop through a TCP forwarder
+got a result got the same one. The outage: 32 clients call in a loop through a TCP forwarder
 placed between the proxy and PostgreSQL; the forwarder drops every connection and refuses new
 ones until the clients have felt it, then forwards again: no call runs twice, no result a
 client received is lost, nothing stays `executing`. And a database that refuses writes must
@@ -46,7 +46,7 @@ from tests.support.servers import ProcessServer, await_until, wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 STORM = 64
-CLIENTS = 16
+CLIENTS = 32
 CALLS_PER_CLIENT = 4
 READ_ONLY_CALLS = 4
 READ_ONLY_TRIES = 10
@@ -139,7 +139,7 @@ def _through(url: str, address: str) -> str:
     return urlunsplit(parts._replace(netloc=user + address))
 
 
-def test_a_database_outage_under_16_clients_loses_nothing_and_runs_nothing_twice(
+def test_a_database_outage_under_32_clients_loses_nothing_and_runs_nothing_twice(
     pg_url: str, cluster_on: Callable[[str], Cluster], fault_report: Callable[..., str]
 ) -> None:
     target = urlsplit(pg_url)
@@ -193,7 +193,7 @@ def test_a_database_outage_under_16_clients_loses_nothing_and_runs_nothing_twice
         duplicates = cluster.duplicates(sessions)
         lost = cluster.lost(server, calls)
         stuck = cluster.stuck(sessions, within=LEASE_SECONDS + 3.0)
-        fault_report(store="postgres", point="database_outage", trials=1,
+        fault_report(store="postgres", point="database_outage", trials=len(calls),
                      duplicates=duplicates, lost=len(lost), stuck=stuck)  # fmt: skip
     assert refused >= 1  # the proxy did try to reconnect during the outage
     assert [c.answers for c in calls if not c.settled] == []

@@ -233,3 +233,56 @@ def test_an_intent_whose_answer_was_lost_is_failed_once_the_store_is_back_not_in
     assert retry.status_code == 200, retry.text
     assert retry.json()["status"] == "executed"
     assert proxy.counters("slow") == {effect["effect_id"]: 1}
+
+
+BATCH_CALLS = 16
+
+
+def test_a_connection_lost_under_an_intent_batch_leaves_nothing_in_doubt_that_never_ran(
+    proxy_via: tuple[ProxyHarness, Forwarder], pg_url: str
+) -> None:
+    """16 new calls at once, so that their intents go to PostgreSQL in shared statements
+    (group commit); the connection goes silent right after one of those statements is sent
+    (it may have committed: the proxy cannot know), then is cut. No call the proxy never sent
+    upstream may be left in doubt: each is recorded as not run (`failed`) once the store is
+    back, or committed if it did run; every retry then ends with a result, and every tool ran
+    exactly once."""
+    proxy, forwarder = proxy_via
+    bodies = [
+        {"session_id": str(uuid.uuid4()), "tool_name": "slow", "step_index": 1,
+         "args": {"seconds": 0}}
+        for _ in range(BATCH_CALLS)
+    ]  # fmt: skip
+    marked = bodies[BATCH_CALLS // 2]
+    forwarder.mute_after(call_signature(marked["session_id"], 1, "slow", {"seconds": 0}).encode())
+    limits = httpx.Limits(max_connections=BATCH_CALLS, max_keepalive_connections=BATCH_CALLS)
+    with proxy.client(limits=limits) as c, ThreadPoolExecutor(BATCH_CALLS) as pool:
+        pending = [pool.submit(c.post, "/mcp/tool_call", json=body) for body in bodies]
+        wait_until(
+            lambda: bool(_effects_of(pg_url, proxy.org_id, marked["session_id"])),
+            what="the marked intent to commit",
+        )
+        forwarder.cut()
+        answers = [p.result(timeout=60) for p in pending]
+        forwarder.restore()
+
+        def states() -> list[str]:
+            return [e["state"] for b in bodies
+                    for e in _effects_of(pg_url, proxy.org_id, b["session_id"])]  # fmt: skip
+
+        wait_until(
+            lambda: set(states()) <= {"committed", "failed"},
+            what="every effect to be committed or recorded as not run",
+        )
+        settled = states()
+        [marked_effect] = _effects_of(pg_url, proxy.org_id, marked["session_id"])
+        retries = [c.post("/mcp/tool_call", json=body) for body in bodies]
+    for answer in answers:  # a 200 said before the cut; otherwise a clean error
+        assert answer.status_code in (200, 502, 503), answer.text
+    assert "in_doubt" not in settled
+    # The marked intent committed and its answer never came: it is the one surely not run.
+    assert marked_effect["state"] == "failed" and "never" in marked_effect["error"]
+    assert [r.status_code for r in retries] == [200] * BATCH_CALLS, [r.text for r in retries]
+    counters = proxy.counters("slow")
+    assert sorted(counters.values()) == [1] * BATCH_CALLS
+    assert {r.json()["effect_id"] for r in retries} == set(counters)
