@@ -232,6 +232,162 @@ export interface CallOptions {
   waitForApprovalSeconds?: number;
 }
 
+/** What a tool is, for the proxy: its name, tier and compensation. */
+export interface ToolSpec {
+  name: string;
+  tier: ToolTier;
+  compensation?: CompensationDescriptor;
+}
+
+/** A call the proxy was asked about: its step, signature and the proxy's answer. */
+export interface AskedCall {
+  session: UndoLogSession;
+  spec: ToolSpec;
+  step: number;
+  keyed: boolean;
+  signature: string;
+  args: Record<string, unknown>;
+  answer: ToolCallAnswer;
+}
+
+const registered = new WeakMap<UndoLogClient, Set<string>>();
+
+function checkedSpec(options: ToolOptions, fallbackName: string): ToolSpec {
+  const name = options.name ?? fallbackName;
+  if (!name) throw new Error("a tool needs a name (options.name, or a named function)");
+  if (!Object.values(ToolTier).includes(options.tier)) {
+    throw new Error(`tier must be one of ${Object.values(ToolTier).join(", ")}, got ${options.tier}`);
+  }
+  if (options.tier === ToolTier.COMPENSABLE && !options.compensation) {
+    throw new Error("a COMPENSABLE tool needs a compensation descriptor");
+  }
+  return { name, tier: options.tier, compensation: options.compensation };
+}
+
+/** Whether a call of `spec` goes through the proxy (a SAFE tool runs directly, unless the
+ *  registry holds it at a stricter tier). */
+export async function isRecorded(session: UndoLogSession, spec: ToolSpec): Promise<boolean> {
+  if (spec.tier !== ToolTier.SAFE) return true;
+  const entry = await session.client.registeredTool(spec.name);
+  return !(entry === undefined || entry.tier === undefined || entry.tier === ToolTier.SAFE);
+}
+
+/**
+ * Ask the proxy what to do with one call (registering the tool once per client): the step is
+ * the one of `callId` when given, else the session's next. A call refused here gives its
+ * counter step back.
+ */
+export async function askCall(
+  session: UndoLogSession,
+  spec: ToolSpec,
+  args: Record<string, unknown>,
+  callId?: string,
+): Promise<AskedCall> {
+  const client = session.client;
+  const keyed = callId !== undefined;
+  const step = keyed ? session.stepForCall(callId as string) : session.nextStep();
+  try {
+    const signature = callSignature(session.sessionId, step, spec.name, args);
+    let names = registered.get(client);
+    if (!names) registered.set(client, (names = new Set()));
+    if (!names.has(spec.name)) {
+      await client.ensureTool(spec.name, spec.tier, spec.compensation);
+      names.add(spec.name);
+    }
+    const answer = await client.intercept({
+      sessionId: session.sessionId,
+      toolName: spec.name,
+      stepIndex: step,
+      args,
+      declaredTier: spec.tier,
+      compensation: spec.compensation,
+    });
+    session.markUsed();
+    if (answer.status === "pending_approval") {
+      // Noted on the session: leaving `session.run` then keeps it open (completing it would
+      // withdraw the approval).
+      session.awaiting.set(signature, String(answer.approval_id));
+    }
+    return { session, spec, step, keyed, signature, args, answer };
+  } catch (error) {
+    if (!keyed) session.giveBackStep(step);
+    throw error;
+  }
+}
+
+/** The error of a call that waits for approval (noted on the session: it stays open). */
+export function awaitingError(asked: AskedCall): AwaitingApprovalError {
+  if (!asked.keyed) asked.session.giveBackStep(asked.step);
+  asked.session.awaiting.set(asked.signature, String(asked.answer.approval_id));
+  return new AwaitingApprovalError(
+    String(asked.answer.approval_id), asked.spec.name, asked.step, asked.answer.effect_id,
+    asked.answer.retry_after,
+  );
+}
+
+/** Act on the proxy's answer: the recorded result, `AwaitingApprovalError`, or run `fn` and
+ *  record its result (or its failure). */
+export async function carryOut<R>(
+  asked: AskedCall,
+  fn: (args: Record<string, unknown>) => Promise<R>,
+): Promise<R> {
+  const { session, answer } = asked;
+  if (answer.status === "replayed" || answer.status === "executed") {
+    session.awaiting.delete(asked.signature);
+    return answer.result as R; // what the first run returned (recorded by the proxy)
+  }
+  if (answer.status === "pending_approval") throw awaitingError(asked);
+  session.awaiting.delete(asked.signature);
+  let output: R;
+  try {
+    output = await fn(asked.args);
+    canonicalJson(output); // a result that is not JSON fails the call, as any failure
+  } catch (error) {
+    if (!asked.keyed) session.giveBackStep(asked.step); // a retry is the same call
+    const text = `${(error as Error)?.name ?? "Error"}: ${(error as Error)?.message ?? error}`;
+    await session.client.fail(answer.effect_id, text, session.sessionId);
+    throw error;
+  }
+  await session.client.commit(answer.effect_id, output as Record<string, unknown>, session.sessionId);
+  return output;
+}
+
+/**
+ * The UndoLog approval of a call named by its tool-call id, read from the proxy's view of the
+ * session (so a framework state restored in another process finds it): the newest approval of
+ * the call's effect, or undefined.
+ */
+export async function approvalForCall(
+  session: UndoLogSession,
+  toolName: string,
+  callId: string,
+): Promise<{ approvalId: string; status: string; reason?: string } | undefined> {
+  let view: Record<string, unknown>;
+  try {
+    view = await session.client.getSession(session.sessionId);
+  } catch (error) {
+    if (error instanceof UndoLogError && error.code === "not_found") return undefined;
+    throw error;
+  }
+  const step = session.stepForCall(callId);
+  const effects = new Set(
+    ((view.effects ?? []) as Record<string, unknown>[])
+      .filter((e) => e.step_index === step && e.tool_name === toolName)
+      .map((e) => e.effect_id),
+  );
+  const found = ((view.approvals ?? []) as Record<string, unknown>[])
+    .filter((a) => effects.has(a.effect_id))
+    .sort((a, b) => String(a.created_at ?? "").localeCompare(String(b.created_at ?? "")));
+  const newest = found.at(-1);
+  if (!newest) return undefined;
+  const approval = await session.client.getApproval(String(newest.id ?? newest.approval_id));
+  return {
+    approvalId: String(approval.approval_id ?? newest.id),
+    status: String(approval.status),
+    reason: typeof approval.reason === "string" ? approval.reason : undefined,
+  };
+}
+
 /**
  * Wrap an async function `fn(args)` so that each call goes through UndoLog: run once per
  * (session, step, tool, args) — a repeat returns the recorded output —, undoable when
@@ -241,89 +397,26 @@ export interface CallOptions {
 export function undologTool<A extends Record<string, unknown>, R>(
   options: ToolOptions,
   fn: (args: A) => Promise<R>,
-): ((args: A, call?: CallOptions) => Promise<R>) & { toolName: string; tier: ToolTier } {
-  const name = options.name ?? fn.name;
-  if (!name) throw new Error("a tool needs a name (options.name, or a named function)");
-  if (!Object.values(ToolTier).includes(options.tier)) {
-    throw new Error(`tier must be one of ${Object.values(ToolTier).join(", ")}, got ${options.tier}`);
-  }
-  if (options.tier === ToolTier.COMPENSABLE && !options.compensation) {
-    throw new Error("a COMPENSABLE tool needs a compensation descriptor");
-  }
-  const registered = new WeakSet<UndoLogClient>();
-
+): ((args: A, call?: CallOptions) => Promise<R>) & { spec: ToolSpec } {
+  const spec = checkedSpec(options, fn.name);
   const wrapped = async (args: A, call: CallOptions = {}): Promise<R> => {
     const session = call.session ?? currentSession();
     if (!session) {
-      throw new Error(`tool '${name}' was called outside a session (session.run, or { session })`);
+      throw new Error(`tool '${spec.name}' was called outside a session (session.run, or { session })`);
     }
-    const client = session.client;
-    if (options.tier === ToolTier.SAFE) {
-      // A SAFE tool runs directly, unless the registry holds it at a stricter tier.
-      const entry = await client.registeredTool(name);
-      if (entry === undefined || entry.tier === undefined || entry.tier === ToolTier.SAFE) {
-        return fn(args);
-      }
-    }
-    const keyed = call.callId !== undefined;
-    const step = keyed ? session.stepForCall(call.callId as string) : session.nextStep();
-    let answer: ToolCallAnswer;
-    let signature: string;
-    try {
-      signature = callSignature(session.sessionId, step, name, args);
-      if (!registered.has(client)) {
-        await client.ensureTool(name, options.tier, options.compensation);
-        registered.add(client);
-      }
-      answer = await client.intercept({
-        sessionId: session.sessionId,
-        toolName: name,
-        stepIndex: step,
-        args,
-        declaredTier: options.tier,
-        compensation: options.compensation,
-      });
-      session.markUsed();
-      if (answer.status === "pending_approval" && call.waitForApprovalSeconds) {
-        const approval = await client.waitForApproval(
-          String(answer.approval_id),
-          call.waitForApprovalSeconds,
-        );
-        if (approval.status === "approved") {
-          answer = await client.intercept({
-            sessionId: session.sessionId, toolName: name, stepIndex: step, args,
-            declaredTier: options.tier, compensation: options.compensation,
-          });
-        }
-      }
-    } catch (error) {
-      if (!keyed) session.giveBackStep(step);
-      throw error;
-    }
-    if (answer.status === "replayed" || answer.status === "executed") {
-      session.awaiting.delete(signature);
-      return answer.result as R; // what the first run returned (recorded by the proxy)
-    }
-    if (answer.status === "pending_approval") {
-      if (!keyed) session.giveBackStep(step);
-      session.awaiting.set(signature, String(answer.approval_id));
-      throw new AwaitingApprovalError(
-        String(answer.approval_id), name, step, answer.effect_id, answer.retry_after,
+    if (!(await isRecorded(session, spec))) return fn(args);
+    let asked = await askCall(session, spec, args, call.callId);
+    if (asked.answer.status === "pending_approval" && call.waitForApprovalSeconds) {
+      const approval = await session.client.waitForApproval(
+        String(asked.answer.approval_id),
+        call.waitForApprovalSeconds,
       );
+      if (approval.status === "approved") {
+        if (!asked.keyed) session.giveBackStep(asked.step);
+        asked = await askCall(session, spec, args, call.callId);
+      }
     }
-    session.awaiting.delete(signature);
-    let output: R;
-    try {
-      output = await fn(args);
-      canonicalJson(output); // a result that is not JSON fails the call, as any failure
-    } catch (error) {
-      if (!keyed) session.giveBackStep(step); // a retry is the same call
-      const text = `${(error as Error)?.name ?? "Error"}: ${(error as Error)?.message ?? error}`;
-      await client.fail(answer.effect_id, text, session.sessionId);
-      throw error;
-    }
-    await client.commit(answer.effect_id, output as Record<string, unknown>, session.sessionId);
-    return output;
+    return carryOut(asked, fn as (args: Record<string, unknown>) => Promise<R>);
   };
-  return Object.assign(wrapped, { toolName: name, tier: options.tier });
+  return Object.assign(wrapped, { spec });
 }
