@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from undolog.store._columns import columns, numbered
-from undolog.store.base import load_migrations
+from undolog.store.base import load_functions
 from undolog.store.records import (
     ApprovalRecord,
     EffectRecord,
@@ -130,7 +130,8 @@ def test_numbered_refuses_what_it_cannot_number_safely(sql: str, error: str) -> 
 def test_the_new_call_functions_row_is_the_effect_record() -> None:
     """PostgreSQL's `undolog_execute_new` returns an outcome and an effect row; the store maps
     that row with `columns(EffectRecord)`, so the function's columns must be the record's."""
-    latest = [sql for _, sql in load_migrations("postgres") if "undolog_execute_new(" in sql][-1]
-    returns = latest.split("RETURNS TABLE (", 1)[1].split(")", 1)[0]
+    functions = load_functions("postgres")
+    definition = functions.split("FUNCTION undolog_execute_new(", 1)[1]
+    returns = definition.split("RETURNS TABLE (", 1)[1].split(")", 1)[0]
     names = [line.split()[0] for line in returns.strip().splitlines()]
     assert names == ["outcome", *columns(EffectRecord).names]

@@ -110,6 +110,18 @@ class StoreBase(abc.ABC):
 _MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 
+def has_statements(sql: str) -> bool:
+    """Whether a migration holds any SQL besides comments (a driver refuses an empty query)."""
+    return any(line.strip() and not line.lstrip().startswith("--") for line in sql.splitlines())
+
+
+def load_functions(dialect: str) -> str:
+    """The dialect's stored functions as they are now (`functions/<dialect>.sql`), applied by
+    every migrate after the numbered migrations; "" for a dialect without any."""
+    item = resources.files("undolog.store").joinpath("functions", f"{dialect}.sql")
+    return item.read_text(encoding="utf-8") if item.is_file() else ""
+
+
 def load_migrations(dialect: str) -> list[tuple[int, str]]:
     """The numbered SQL migrations shipped for a dialect, in order."""
     folder = resources.files("undolog.store").joinpath("migrations", dialect)

@@ -21,7 +21,7 @@ import orjson
 from undolog.store._columns import numbered
 from undolog.store._sql import EFFECT, SqlQueries
 from undolog.store._sql.rows import UNDO
-from undolog.store.base import StoreBase, load_migrations
+from undolog.store.base import StoreBase, has_statements, load_functions, load_migrations
 from undolog.store.pg_group import FINISH, NEW_CALL, CallGroup
 from undolog.store.protocol import ExecuteNew, NewCall, Queries, Store
 from undolog.store.records import SESSION_TOUCH_US, EffectRecord, Finish, UndoEntryRecord
@@ -422,7 +422,8 @@ class PostgresStore(StoreBase):
                         for version, sql in load_migrations(self.dialect):
                             if version <= current:
                                 continue
-                            await conn.execute(sql)
+                            if has_statements(sql):  # some hold only the history now
+                                await conn.execute(sql)
                             await conn.execute(
                                 "INSERT INTO undolog_schema_version (version, applied_us) "
                                 "VALUES ($1, $2)",
@@ -430,6 +431,9 @@ class PostgresStore(StoreBase):
                                 time.time_ns() // 1000,
                             )
                             current = version
+                        # The functions as they are now, whatever the version was: a release
+                        # that changes one needs no migration that re-pastes it.
+                        await conn.execute(load_functions(self.dialect))
                 finally:
                     await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK_KEY)
         except _DRIVER_ERRORS as exc:
