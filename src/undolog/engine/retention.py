@@ -281,8 +281,9 @@ class Retention:
         """Walk the org's events oldest first, up to the first one younger than the cutoff;
         delete those whose session is gone (or that have none), each with its mark for the
         audit chain (the hash of its record, migration 25), in the same transaction.
-        Returns how many, and whether the walk went all the way (not when another pruner
-        was recording this org's marks: it walks them instead)."""
+        Returns how many, and whether the walk went all the way. Two pruners of one org may
+        walk at once: each chunk's deletes and marks are written under the org's prune lock
+        (waited for), and an event the other pruner deleted first is not counted twice."""
         pruned = 0
         after_id = 0
         while True:
@@ -294,8 +295,9 @@ class Retention:
             going = [(e[0], e[3]) for e in old if e[2] not in kept]
             if going and not dry_run:
                 async with self.store.transaction() as q:
-                    if not await q.lock_org_prune(org_id):
-                        return pruned, False
+                    # Waits for another pruner's chunk rather than leaving these events to it:
+                    # its walk may have gone past them while their sessions still stood.
+                    await q.lock_org_prune(org_id, wait=True)
                     hashes = await pruned_hashes(q, org_id, [seq for _, seq in going])
                     went = await q.delete_events(org_id, [i for i, _ in going], cutoff)
                     await q.put_audit_pruned(

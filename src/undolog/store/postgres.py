@@ -119,11 +119,14 @@ class _PostgresQueries(SqlQueries):
     def __init__(self, conn: asyncpg.Connection) -> None:
         self._conn = conn
 
-    async def lock_org_prune(self, org_id: str) -> bool:
-        """The org's transaction-scoped advisory lock, without waiting: two pruners never
-        record what they prune of one org at once (each mark's hash is computed from the
-        marks before it)."""
+    async def lock_org_prune(self, org_id: str, *, wait: bool = False) -> bool:
+        """The org's transaction-scoped advisory lock (without `wait`: only if free): two
+        pruners never record what they prune of one org at once (each mark's hash is computed
+        from the marks before it)."""
         key = advisory_key(hashlib.sha256(f"audit-prune:{org_id}".encode()).hexdigest())
+        if wait:
+            await self._conn.execute("SELECT pg_advisory_xact_lock($1)", key)
+            return True
         return bool(await self._conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", key))
 
     async def replace_webhook_subscriptions(

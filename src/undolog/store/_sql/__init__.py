@@ -1,6 +1,6 @@
 """The SQL both stores share, written with `?` placeholders, on three dialect primitives.
 
-`SqlQueries` implements the `Queries` protocol (store/protocol.py) for a dialect that
+`SqlQueries` is the stores' `Queries` (store/protocol.py) for a dialect that
 supplies `_fetchrow`, `_fetch` and `_execute` (PostgreSQL numbers the placeholders with
 `_columns.numbered`). Column lists, values and row mapping come from the record dataclasses
 (`_columns.columns`); states are bound as parameters, never written into the SQL. The store

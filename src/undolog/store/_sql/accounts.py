@@ -60,6 +60,7 @@ class AccountSql(abc.ABC):
         now_us: int,
         retention_days: int | None = None,
     ) -> None:
+        """Create or update an org's policy (`retention_days` None: keep forever)."""
         await self._execute(
             "INSERT INTO orgs (org_id, name, approval_timeout_s, auto_approve_on_timeout, "
             "created_us, retention_days) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (org_id) DO "
@@ -228,12 +229,14 @@ class AccountSql(abc.ABC):
     # -- policy rules (migration 13) ----------------------------------------------------------
 
     async def get_policy(self, org_id: str) -> PolicyRecord | None:
+        """The org's policy rules (None: never set)."""
         row = await self._fetchrow(
             f"SELECT {POLICY.select()} FROM policy_rules WHERE org_id = ?", org_id
         )
         return POLICY.row(row) if row else None
 
     async def put_policy(self, policy: PolicyRecord) -> None:
+        """Replace the org's policy rules whole."""
         await self._execute(
             f"{POLICY.insert('policy_rules')} ON CONFLICT (org_id) DO UPDATE SET "
             "rules = excluded.rules, updated_us = excluded.updated_us, "
@@ -341,18 +344,23 @@ class AccountSql(abc.ABC):
     # -- audit chain heads -------------------------------------------------------------------
 
     async def get_audit_head(self, org_id: str) -> AuditHeadRecord | None:
+        """Where the org's audit chain stood after its last export (None: never exported)."""
         row = await self._fetchrow(
             f"SELECT {AUDIT_HEAD.select()} FROM audit_heads WHERE org_id = ?", org_id
         )
         return AUDIT_HEAD.row(row) if row else None
 
     async def last_audit_seq(self, org_id: str) -> int:
+        """The last per-org sequence number an event of the org took (0: none yet)."""
         row = await self._fetchrow("SELECT last_seq FROM audit_sequences WHERE org_id = ?", org_id)
         return int(row[0]) if row else 0
 
     async def list_audit_events(
         self, org_id: str, after_seq: int, upto_seq: int, limit: int
     ) -> list[tuple[int, EventRecord]]:
+        """The org's events numbered above `after_seq` and up to `upto_seq`, in number order,
+        each with its number (migration 24).
+        """
         rows = await self._fetch(
             f"SELECT audit_seq, {EVENT.select()} FROM events WHERE org_id = ? "
             "AND audit_seq > ? AND audit_seq <= ? ORDER BY audit_seq LIMIT ?",
@@ -391,6 +399,7 @@ class AccountSql(abc.ABC):
         ]
 
     async def last_audit_pruned_below(self, org_id: str, below_seq: int) -> tuple[int, str] | None:
+        """The org's last mark of a pruned event numbered below `below_seq`: (number, hash)."""
         row = await self._fetchrow(
             "SELECT audit_seq, record_hash FROM audit_pruned_events WHERE org_id = ? "
             "AND audit_seq < ? ORDER BY audit_seq DESC LIMIT 1",
@@ -400,6 +409,7 @@ class AccountSql(abc.ABC):
         return (int(row[0]), str(row[1])) if row else None
 
     async def get_pruned_call(self, org_id: str, effect_id: str) -> str | None:
+        """The audit `call` (canonical JSON) kept of a pruned effect (None: none kept)."""
         row = await self._fetchrow(
             "SELECT call_json FROM audit_pruned_calls WHERE org_id = ? AND effect_id = ?",
             org_id,

@@ -188,9 +188,10 @@ class RetentionSql(AccountSql):
 
     # -- what the audit chain keeps of what was pruned (migration 25) -------------------------
 
-    async def lock_org_prune(self, org_id: str) -> bool:
-        """Take the org's prune lock for this transaction, if free (False: another pruner
-        holds it). SQLite has one writer: always True."""
+    async def lock_org_prune(self, org_id: str, *, wait: bool = False) -> bool:
+        """Take the org's prune lock for this transaction: if free, or once the pruner holding
+        it commits (`wait`); False when another pruner holds it and `wait` is off. SQLite has
+        one writer: always True."""
         return True
 
     async def put_audit_pruned(
