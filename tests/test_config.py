@@ -485,7 +485,7 @@ def test_an_orgs_rules_are_read_from_its_section_and_none_means_keep_the_stored(
 
 async def test_a_bad_rule_in_the_config_stops_the_start(store_url: str) -> None:
     from undolog.config import OrgConfig
-    from undolog.services.runtime import open_runtime
+    from undolog.runtime import open_runtime
 
     bad = OrgConfig(org_id="a", rules=({"name": "x", "condition": "amount <", "action": "deny"},))
     settings = Settings(database_url=store_url, orgs=(bad,))

@@ -143,6 +143,20 @@ def test_no_cycle_hides_behind_type_checking_imports(root: Path) -> None:
         ("undolog.services", "undolog.mcp"),
         ("undolog.engine", "undolog.services"),
         ("undolog.engine", "undolog.proxy"),
+        # The runtime is built above the services, from the configuration: neither the
+        # services nor the engine read configuration or know the runtime.
+        *(
+            (layer, above)
+            for layer in ("undolog.services", "undolog.engine")
+            for above in (
+                "undolog.config",
+                "undolog.config_tables",
+                "undolog.webhook_config",
+                "undolog.mcp",
+                "undolog.runtime",
+                "undolog.answer_watch",
+            )
+        ),
     ],
 )
 def test_a_layer_does_not_import_a_front_end_above_it(layer: str, forbidden: str) -> None:
@@ -154,6 +168,28 @@ def test_a_layer_does_not_import_a_front_end_above_it(layer: str, forbidden: str
         for target in targets
         if target == forbidden or target.startswith(forbidden + ".")
     )
+    assert offending == []
+
+
+WEB_FRAMEWORKS = ("starlette", "fastapi", "uvicorn", "sse_starlette")
+
+
+@pytest.mark.parametrize("layer", ["services", "engine", "store"])
+def test_the_services_engine_and_store_know_no_web_framework(layer: str) -> None:
+    """HTTP is the front ends' business (proxy, MCP gateway, answer_watch): below them no
+    module imports Starlette, FastAPI or uvicorn, even for a type."""
+    offending = []
+    for path in sorted((SRC / "undolog" / layer).rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in _import_nodes(tree, type_checking=True):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
+            offending += [
+                f"{path.name}: {name}" for name in names if name.split(".")[0] in WEB_FRAMEWORKS
+            ]
     assert offending == []
 
 

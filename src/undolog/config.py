@@ -24,11 +24,11 @@ from undolog.config_tables import (
     ToolConfig,
     UpstreamConfig,
     check_tool_upstreams,
-    hash_api_key,
     orgs_from_toml,
     tools_from_toml,
     upstreams_from_toml,
 )
+from undolog.engine.keys import hash_api_key
 from undolog.mcp.config import McpSettings, check_mcp_orgs, parse_mcp_settings
 from undolog.upstreams import check_upstream_url
 

@@ -5,22 +5,17 @@ records and how each table is read and checked (`undolog.config` merges them int
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from undolog.engine.keys import hash_api_key
 from undolog.upstreams import DEFAULT_UPSTREAM, check_tool_name, check_upstream_url
 from undolog.webhook_config import WebhookConfig, parse_webhooks, read_secret
 from undolog_sdk.tier import TIER_VALUES, CompensationDescriptor, ToolTier
 
 DEFAULT_APPROVAL_TIMEOUT_SECONDS = 3600
 _SHA256_HEX = frozenset("0123456789abcdef")
-
-
-def hash_api_key(key: str) -> str:
-    """SHA-256 hex digest of an API key: the only form in which keys are stored."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)

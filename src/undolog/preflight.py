@@ -132,7 +132,7 @@ async def _check_tool_orgs(settings: Settings, demo_org: str | None) -> None:
         declared.add(demo_org)
     if all(tool.org_id in declared for tool in settings.tools):
         return  # nothing to look up: no store is opened
-    from undolog.services.runtime import ensure_schema, unknown_tool_org
+    from undolog.runtime import ensure_schema, unknown_tool_org
     from undolog.store import open_store
     from undolog_sdk.errors import UndoLogError
 

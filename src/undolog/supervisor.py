@@ -114,7 +114,7 @@ def _worker_settings(settings: Settings, index: int) -> Settings:
 
 
 async def _prepare(settings: Settings) -> None:
-    from undolog.services.runtime import prepare_store
+    from undolog.runtime import prepare_store
     from undolog.store import open_store
 
     store = await open_store(settings.database_url, pool_size=settings.db_pool_size)

@@ -6,45 +6,16 @@ agent cannot point the server at a target of its choosing (docs/notifications.md
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from undolog_sdk.wire import EventType
+from undolog.services.webhooks import WEBHOOK_EVENTS, WEBHOOK_KINDS, WebhookConfig
 
 __all__ = ["WEBHOOK_EVENTS", "WEBHOOK_KINDS", "WebhookConfig", "parse_webhooks", "read_secret"]
 
-# The events a webhook may ask for (all of them by default): an approval requested,
-# decided (approved, auto-approved or rejected), approved by one of several approvers, or
-# timed out, and a compensation that gave up and needs a person.
-WEBHOOK_EVENTS = tuple(
-    e.value
-    for e in (
-        EventType.APPROVAL_REQUIRED,
-        EventType.APPROVAL_APPROVED,
-        EventType.APPROVAL_PARTIALLY_APPROVED,
-        EventType.APPROVAL_REJECTED,
-        EventType.APPROVAL_TIMED_OUT,
-        EventType.COMPENSATION_FAILED,
-    )
-)
-WEBHOOK_KINDS = ("json", "slack")
 _KEYS = frozenset({"name", "url", "secret", "secret_env", "kind", "events"})
 _MAX_NAME = 64
-
-
-@dataclass(frozen=True)
-class WebhookConfig:
-    """One webhook of an org. `kind` `json`: UndoLog's signed JSON body; `slack`: a
-    Slack-compatible message (signed too when a secret is given)."""
-
-    name: str
-    url: str
-    secret: str | None = dataclasses.field(default=None, repr=False)
-    kind: str = "json"
-    events: tuple[str, ...] = WEBHOOK_EVENTS
 
 
 def read_secret(where: str, item: Mapping[str, Any], env: Mapping[str, str]) -> str | None:

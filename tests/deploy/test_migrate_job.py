@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import _create_database, _drop_database, _pg_admin_url
 from tests.support.servers import ProcessServer, free_port, undolog_command
-from undolog.services.runtime import ensure_schema
+from undolog.runtime import ensure_schema
 from undolog.store import Store, open_store
 from undolog.store.base import load_migrations
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import asyncpg
 from structlog.testing import capture_logs
 
-from undolog.services.runtime import warn_without_autovacuum
+from undolog.runtime import warn_without_autovacuum
 from undolog.store import open_store
 from undolog.store.postgres import PostgresStore
 

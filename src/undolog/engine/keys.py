@@ -10,6 +10,7 @@ revoked; each `serve --demo` revokes the previous demo keys. Only SHA-256 digest
 from __future__ import annotations
 
 import enum
+import hashlib
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -18,6 +19,12 @@ from undolog.engine.model import now_us
 from undolog.store.protocol import Store
 from undolog.store.records import KeyRecord
 from undolog_sdk.errors import InvalidRequest, NotFound
+
+
+def hash_api_key(key: str) -> str:
+    """SHA-256 hex digest of an API key: the only form in which keys are stored."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
 
 __all__ = ["KeyGrant", "KeySource", "Keys", "Role", "new_key_id", "new_secret_key"]
 
@@ -85,8 +92,6 @@ class Keys:
         Raises:
             InvalidRequest: an unknown role, or an empty name or org.
         """
-        from undolog.config import hash_api_key  # config imports the MCP layer: keep it lazy
-
         try:
             checked = Role(role)
         except ValueError:

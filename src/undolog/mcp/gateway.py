@@ -85,6 +85,7 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 import undolog
+from undolog.answer_watch import AnswerWatch
 from undolog.engine import Decision
 from undolog.mcp.config import McpSettings, check_mcp_orgs
 from undolog.mcp.errors import mapped, same_origin
@@ -108,7 +109,7 @@ from undolog.mcp.toolserver import ToolServerTools
 from undolog.mcp.upstreams import GatewayTool, OrgUpstreams, UpstreamPool
 from undolog.services.calls import Call, CallOutcome, CallStatus, refused, run_call
 from undolog.services.decisions import wait_for_decision
-from undolog.services.delivery import AnswerWatch, Delivery
+from undolog.services.delivery import Delivery
 from undolog.services.executor import ToolTransportError
 from undolog.services.waits import TooManyWaits
 from undolog_sdk.errors import (
@@ -121,7 +122,7 @@ from undolog_sdk.signature import canonical_json
 from undolog_sdk.tier import ToolTier
 
 if TYPE_CHECKING:
-    from undolog.services.runtime import Runtime
+    from undolog.runtime import Runtime
 
 __all__ = ["SESSION_HEADER", "SESSION_META_KEY", "McpGateway"]
 

@@ -50,12 +50,12 @@ from mcp_types import (
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from undolog.answer_watch import AnswerWatch
 from undolog.engine import Decision
 from undolog.engine.model import now_us
 from undolog.engine.states import REPLAYABLE_STATES
 from undolog.mcp.requests import ANSWERS_KEY, WATCH_KEY, actor_of, approval_url, request_state
 from undolog.mcp.results import approval_text, effect_meta, recorded_result, refusal
-from undolog.services.delivery import AnswerWatch
 from undolog.services.waits import MAX_WAIT_SECONDS, TooManyWaits
 from undolog.store.records import ApprovalRecord, EffectRecord, McpTaskRecord
 from undolog_sdk.errors import (
@@ -67,7 +67,7 @@ from undolog_sdk.errors import (
 from undolog_sdk.wire import ApprovalStatus, CallStatus, EffectState
 
 if TYPE_CHECKING:
-    from undolog.services.runtime import Runtime
+    from undolog.runtime import Runtime
 
 __all__ = [
     "DEFAULT_TTL_MS",

@@ -20,7 +20,7 @@ from undolog_sdk.errors import ToolNotRegistered
 from undolog_sdk.tier import ToolTier
 
 if TYPE_CHECKING:
-    from undolog.services.runtime import Runtime
+    from undolog.runtime import Runtime
 
 __all__ = ["ToolServerTools"]
 

@@ -33,9 +33,9 @@ from undolog.proxy.ui_auth import router as ui_auth_router
 from undolog.proxy.undo import router as undo_router
 from undolog.proxy.webhooks import router as webhooks_router
 from undolog.proxy.wire import error_body, json_response
+from undolog.runtime import Runtime, open_runtime
 from undolog.services import tracing
 from undolog.services.metrics import ProxyMetrics
-from undolog.services.runtime import Runtime, open_runtime
 from undolog.services.sweeps import (
     sweep_approvals_forever,
     sweep_leases_forever,

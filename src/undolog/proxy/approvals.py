@@ -27,7 +27,7 @@ from undolog_sdk.errors import EffectInDoubt, InvalidRequest, UndoLogError
 from undolog_sdk.wire import ApprovalStatus, EffectState
 
 if TYPE_CHECKING:
-    from undolog.services.runtime import Runtime
+    from undolog.runtime import Runtime
 
 __all__ = ["router"]
 

@@ -26,7 +26,7 @@ from undolog.services.quotas import STREAM_RETRY_AFTER_SECONDS
 from undolog.store import EventRecord
 
 if TYPE_CHECKING:
-    from undolog.services.runtime import Runtime
+    from undolog.runtime import Runtime
 
 __all__ = ["event_data", "event_fields", "router"]
 

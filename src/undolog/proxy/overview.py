@@ -16,7 +16,7 @@ from undolog.proxy.wire import json_response
 from undolog_sdk.wire import ApprovalStatus, EffectState, EventType, SessionState
 
 if TYPE_CHECKING:
-    from undolog.services.runtime import Runtime
+    from undolog.runtime import Runtime
 
 __all__ = ["router"]
 

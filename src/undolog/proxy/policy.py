@@ -19,7 +19,7 @@ from undolog.proxy.wire import json_response, loads_exact
 from undolog_sdk.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from undolog.services.runtime import Runtime
+    from undolog.runtime import Runtime
 
 __all__ = ["router"]
 

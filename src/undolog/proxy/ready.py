@@ -23,7 +23,7 @@ from starlette.responses import Response
 from undolog.proxy.wire import error_body, json_response
 
 if TYPE_CHECKING:
-    from undolog.services.runtime import Runtime
+    from undolog.runtime import Runtime
 
 __all__ = ["SPOOL_UNWRITABLE", "STORE_UNAVAILABLE", "router"]
 

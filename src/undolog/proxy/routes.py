@@ -27,7 +27,7 @@ from undolog_sdk.tier import TIER_VALUES
 from undolog_sdk.wire import EffectState
 
 if TYPE_CHECKING:
-    from undolog.services.runtime import Runtime
+    from undolog.runtime import Runtime
 
 __all__ = ["router"]
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from undolog.answer_watch import AnswerWatch, WatchedResponse
 from undolog.engine import Decision
 from undolog.proxy.inputs import storable
 from undolog.proxy.owners import actor
@@ -23,7 +24,6 @@ from undolog.proxy.wire import (
     loads_exact,
 )
 from undolog.services.calls import Call, CallOutcome, CallStatus, run_call
-from undolog.services.delivery import AnswerWatch, WatchedResponse
 from undolog.services.tracing import TRACEPARENT, traceparent_of
 from undolog_sdk.errors import InvalidRequest
 from undolog_sdk.tier import TIER_VALUES
@@ -32,7 +32,7 @@ from undolog_sdk.wire import ExecutionMode
 MODES = frozenset(ExecutionMode)
 
 if TYPE_CHECKING:
-    from undolog.services.runtime import Runtime
+    from undolog.runtime import Runtime
 
 __all__ = ["COMMIT_HEADER", "parse_tool_call", "render_outcome", "tool_call"]
 

@@ -38,7 +38,7 @@ _MAX_ID = 200  # characters of an entry id in a selective undo's body
 _SETTLED = frozenset({UndoState.COMPENSATED, UndoState.SKIPPED, UndoState.RESOLVED})
 
 if TYPE_CHECKING:
-    from undolog.services.runtime import Runtime
+    from undolog.runtime import Runtime
 
 __all__ = ["router"]
 

@@ -15,7 +15,7 @@ from undolog.store.records import WebhookDeliveryRecord
 from undolog_sdk.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from undolog.services.runtime import Runtime
+    from undolog.runtime import Runtime
 
 __all__ = ["router"]
 

@@ -44,7 +44,7 @@ from undolog_sdk.wire import CallStatus as WireStatus
 from undolog_sdk.wire import ExecutionMode
 
 if TYPE_CHECKING:
-    from undolog.services.runtime import Runtime
+    from undolog.runtime import Runtime
 
 __all__ = [
     "Call",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from undolog_sdk.wire import ApprovalStatus, EffectState
 
 if TYPE_CHECKING:
-    from undolog.services.runtime import Runtime
+    from undolog.runtime import Runtime
 
 __all__ = ["wait_for_decision"]
 

@@ -7,8 +7,9 @@ answer was lost (the client had gone when it was sent). Once a result has gone o
 identical call is a new one and takes the next step. The engine matches on the effect's
 `delivered_us`; this module sets it:
 
-- `AnswerWatch` watches one HTTP request: it notices the client leaving (uvicorn reports it
-  to `receive()`) and whether the final body was sent while the client was still there;
+- `undolog.answer_watch.AnswerWatch` (the HTTP side, above this layer) watches one request:
+  it notices the client leaving (uvicorn reports it to `receive()`) and whether the final
+  body was sent while the client was still there;
 - `Deliveries` marks the effects of answers that went out, after they went out. Until the
   mark is written, a call of the same session waits for it (briefly, bounded), so that a
   client that repeats a call the moment it has the answer is not taken for a retry. That
@@ -24,58 +25,16 @@ import uuid
 from dataclasses import dataclass, field
 
 import structlog
-from starlette.responses import Response
-from starlette.types import Message, Receive, Scope, Send
 
 from undolog.engine import Engine
 from undolog_sdk.errors import UndoLogError
 
-__all__ = ["AnswerWatch", "Deliveries", "Delivery", "WatchedResponse"]
+__all__ = ["Deliveries", "Delivery"]
 
 # How long a call waits for the delivery mark of an earlier answer of its session.
 SETTLE_TIMEOUT_S = 5.0
 
 _log = structlog.get_logger("undolog.proxy")
-
-
-class AnswerWatch:
-    """One request: did its final response body go out while the client was connected?
-
-    `receive` must be past the request body: from here on it only reports a disconnect
-    (or, once the response is complete, returns one at once).
-    """
-
-    def __init__(self, receive: Receive) -> None:
-        self.gone = False  # the client left before the answer was sent
-        self.sent = False  # the final body was handed to the server with the client there
-        self.left = asyncio.Event()  # set once the connection has closed (a long wait ends)
-        self._task = asyncio.create_task(self._watch(receive))
-
-    async def _watch(self, receive: Receive) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                if not self.sent:
-                    self.gone = True
-                self.left.set()
-                return
-
-    def wrap(self, send: Send) -> Send:
-        async def send_watched(message: Message) -> None:
-            if (
-                message["type"] == "http.response.body"
-                and not message.get("more_body", False)
-                and not self.gone
-            ):
-                self.sent = True
-            await send(message)
-
-        return send_watched
-
-    async def close(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
 
 
 @dataclass
@@ -146,28 +105,3 @@ class Deliveries:
                 if pending.count <= 0:
                     pending.settled.set()
                     del self._pending[key]
-
-
-class WatchedResponse(Response):
-    """A REST answer sent under an `AnswerWatch`; its deliveries are marked once it is out."""
-
-    def __init__(
-        self,
-        response: Response,
-        watch: AnswerWatch,
-        deliveries: Deliveries,
-        answers: list[Delivery],
-    ) -> None:
-        super().__init__(response.body, response.status_code)
-        self.raw_headers = response.raw_headers
-        self._watch = watch
-        self._deliveries = deliveries
-        self._answers = answers
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, self._watch.wrap(send))
-        finally:
-            await self._watch.close()
-            if self._answers:
-                await self._deliveries.finish(self._answers, sent=self._watch.sent)

@@ -33,7 +33,7 @@ from undolog_sdk.errors import (
 from undolog_sdk.wire import ExecutionMode
 
 if TYPE_CHECKING:
-    from undolog.services.runtime import Runtime
+    from undolog.runtime import Runtime
 
 __all__ = ["run_rollback", "run_selective_undo"]
 

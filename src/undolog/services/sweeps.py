@@ -16,7 +16,7 @@ from undolog_sdk.errors import UndoLogError
 from undolog_sdk.wire import EffectState
 
 if TYPE_CHECKING:
-    from undolog.services.runtime import Runtime
+    from undolog.runtime import Runtime
 
 __all__ = [
     "prune_once",

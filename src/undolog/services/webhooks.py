@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import time
 from collections.abc import Callable, Iterable
@@ -31,9 +32,46 @@ from undolog.services.events import CHANNEL, stop_background
 from undolog.services.webhook_messages import SIGNATURE_HEADER, build_message, sign
 from undolog.store import Store
 from undolog.store.records import ApprovalRecord, EventRecord, WebhookDeliveryRecord
-from undolog.webhook_config import WebhookConfig
+from undolog_sdk.wire import EventType
 
-__all__ = ["DeliveryState", "WebhookSender", "backoff_seconds", "subscriptions"]
+__all__ = [
+    "WEBHOOK_EVENTS",
+    "WEBHOOK_KINDS",
+    "DeliveryState",
+    "WebhookConfig",
+    "WebhookSender",
+    "backoff_seconds",
+    "subscriptions",
+]
+
+# The events a webhook may ask for (all of them by default): an approval requested,
+# decided (approved, auto-approved or rejected), approved by one of several approvers, or
+# timed out, and a compensation that gave up and needs a person.
+WEBHOOK_EVENTS = tuple(
+    e.value
+    for e in (
+        EventType.APPROVAL_REQUIRED,
+        EventType.APPROVAL_APPROVED,
+        EventType.APPROVAL_PARTIALLY_APPROVED,
+        EventType.APPROVAL_REJECTED,
+        EventType.APPROVAL_TIMED_OUT,
+        EventType.COMPENSATION_FAILED,
+    )
+)
+WEBHOOK_KINDS = ("json", "slack")
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    """One webhook of an org. `kind` `json`: UndoLog's signed JSON body; `slack`: a
+    Slack-compatible message (signed too when a secret is given)."""
+
+    name: str
+    url: str
+    secret: str | None = dataclasses.field(default=None, repr=False)
+    kind: str = "json"
+    events: tuple[str, ...] = WEBHOOK_EVENTS
+
 
 BATCH = 16  # rows claimed at once
 POLL_SECONDS = 1.0  # retries fall due without an event to wake the sender
