@@ -15,12 +15,13 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from undolog.engine.approvals import DecisionResult, ResolvedByPolicy, Verdict
+from undolog.engine.approvals import Verdict
 from undolog.engine.pages import ApprovalListing, Pages
 from undolog.proxy import pages
 from undolog.proxy.owners import Owned, hide_unowned
 from undolog.proxy.wire import approval_json, json_response, loads_exact, recent_call_json
-from undolog.services.calls import run_approved
+from undolog.services import approvals
+from undolog.services.calls import Execution
 from undolog.services.decisions import wait_for_decision
 from undolog.services.waits import MAX_WAIT_SECONDS
 from undolog_sdk.errors import EffectInDoubt, InvalidRequest, UndoLogError
@@ -152,43 +153,39 @@ async def _decide(request: Request, approval_id: str, verdict: Verdict) -> Respo
         reason, args, seen_hash = await _decision_body(request)
         # Who decided: the authenticated key's name (`key:NAME`), never client text.
         principal = request.state.principal
-        result = await runtime.approvals.decide(
-            org_id, approval_id, verdict, reason=reason, decided_by=principal.decider,
-            approver_key_id=principal.key_id, args=args, seen_args_hash=seen_hash,
+        decided = await approvals.decide(
+            runtime, org_id, approval_id, verdict, decided_by=principal.decider,
+            approver_key_id=principal.key_id, request_id=request_id, reason=reason, args=args,
+            seen_args_hash=seen_hash,
         )  # fmt: skip
     except UndoLogError as exc:
-        if isinstance(exc, ResolvedByPolicy) and exc.result.run is not None:
-            # Too late: the org's timeout policy approved it first, so it runs now, once.
-            await _run_approved(runtime, exc.result, request_id)
         if not isinstance(exc, InvalidRequest):
             runtime.metrics.approval_decisions.labels(action, exc.code).inc()
             runtime.metrics.approval_decision_duration.labels(action).observe(
                 time.perf_counter() - started
             )
         raise  # answered by the app's one handler (`undolog.proxy.errors`)
+    result = decided.result
     body: dict[str, Any] = {
         "status": result.approval.status,
         "approval_id": approval_id,
         "effect_id": result.effect.effect_id,
     }
-    if verdict is Verdict.APPROVE and result.approval.status == ApprovalStatus.PENDING:
+    if verdict is Verdict.APPROVE and decided.awaiting_approvers:
         # A rule asks for more approvers: nothing runs yet (docs/approvals.md).
         body["execution"] = "awaiting_approvers"
         body["approvals"] = len(orjson.loads(result.approval.approved_by_json))
         body["approvers_required"] = result.approval.approvers_required
     elif verdict is Verdict.APPROVE:
-        body.update(await _run_approved(runtime, result, request_id))
+        body.update(_execution_json(decided.execution))
     runtime.metrics.approval_decisions.labels(action, result.approval.status).inc()
     runtime.metrics.health.observe_decision(result.approval)
     runtime.metrics.approval_decision_duration.labels(action).observe(time.perf_counter() - started)
     return json_response(body)
 
 
-async def _run_approved(
-    runtime: Runtime, result: DecisionResult, request_id: str
-) -> dict[str, Any]:
-    """Run the approved call (`undolog.services.calls.run_approved`); its `execution` part."""
-    execution = await run_approved(runtime, result, request_id)
+def _execution_json(execution: Execution | None) -> dict[str, Any]:
+    """The `execution` part of an approval's answer: how the approved call's run went."""
     if execution is None:
         return {"execution": "awaiting_agent"}
     if isinstance(execution.error, EffectInDoubt):  # the tool may have run: an operator decides

@@ -11,7 +11,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from undolog.engine.retention import PruneCounts, Retention
-from undolog.services.calls import run_approved
+from undolog.services import approvals
 from undolog_sdk.errors import UndoLogError
 from undolog_sdk.wire import EffectState
 
@@ -59,7 +59,7 @@ async def sweep_approvals_forever(runtime: Runtime, interval_seconds: float) -> 
             if result.run is None:
                 continue
             try:
-                await run_approved(runtime, result, f"sweep-{approval.approval_id}")
+                await approvals.apply_policy(runtime, result)
             except Exception:
                 runtime.log.exception("approval_run_failed", approval_id=approval.approval_id)
         await asyncio.sleep(interval_seconds)
