@@ -124,3 +124,31 @@ test("the example runs: suspended, approved, shipped once", async () => {
   });
   assert.equal(stdout, 'suspended: ship_order\nshipping o-42\nsuccess: {"shipped":"o-42"}\n');
 });
+
+test("a Mastra tool, as an agent calls it: keyed on the tool-call id, gated, run once", async () => {
+  const { RuntimeContext } = await import("@mastra/core/runtime-context");
+  const { AwaitingApprovalError } = await import("../dist/index.js");
+  const { undologMastraTool } = await import("../dist/integrations/mastra.js");
+  const runs = [];
+  const makeTool = () => undologMastraTool({
+    id: "ship_order", description: "Ship an order", inputSchema: order,
+    outputSchema: z.object({ shipped: z.string() }), tier: ToolTier.IRREVERSIBLE,
+    execute: async ({ order: id }) => {
+      runs.push(id);
+      return { shipped: id };
+    },
+  });
+  // How a Mastra agent invokes a tool: the context, and the model's tool-call id.
+  const call = (tool, session) => session.run(() => tool.execute(
+    { context: { order: "o-9" }, runtimeContext: new RuntimeContext() },
+    { toolCallId: "call_ship_9", messages: [] },
+  ));
+  const session = new UndoLogSession({ client: agentClient() });
+  const waiting = await call(makeTool(), session).catch((e) => e);
+  assert.ok(waiting instanceof AwaitingApprovalError, String(waiting));
+  await approver.approve(waiting.approvalId);
+  assert.deepEqual(await call(makeTool(), session), { shipped: "o-9" });
+  const restarted = new UndoLogSession({ sessionId: session.sessionId, client: agentClient() });
+  assert.deepEqual(await call(makeTool(), restarted), { shipped: "o-9" }); // replayed
+  assert.deepEqual(runs, ["o-9"]);
+});
