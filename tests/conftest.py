@@ -20,6 +20,10 @@ import pytest
 
 from undolog.store import Store, open_store
 
+# The fault suite's per-case report, also under pytest-xdist (whose controller loads only this
+# conftest, not tests/faults/conftest.py).
+pytest_plugins = ["tests.faults.report"]
+
 DEFAULT_PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
 

@@ -14,7 +14,6 @@ PATH` when given, and attached to the test as a JUnit property.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,7 +27,6 @@ from tests.proxy.conftest import write_org_config
 from tests.support.servers import ThreadServer
 
 DEFAULT_SEEDS = 1
-_LINES = pytest.StashKey[list[str]]()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -36,58 +34,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "seed" in metafunc.fixturenames:
         seeds = metafunc.config.getoption("faults_seeds", None) or DEFAULT_SEEDS
         metafunc.parametrize("seed", range(int(seeds)), ids=lambda s: f"seed{s}")
-
-
-COUNTS = ("calls", "duplicates", "lost", "stuck")
-
-
-def _fields(line: str) -> dict[str, str]:
-    return dict(part.split("=", 1) for part in line.split()[1:])
-
-
-def case_totals(lines: list[str]) -> dict[tuple[str, str], dict[str, float]]:
-    """(store, point) -> the counts summed over its trials, and the highest recovery time."""
-    totals: dict[tuple[str, str], dict[str, float]] = {}
-    for line in lines:
-        fields = _fields(line)
-        total = totals.setdefault((fields["store"], fields["point"]), {"trials": 0})
-        total["trials"] += 1
-        for name in COUNTS:
-            total[name] = total.get(name, 0) + int(fields[name])
-        if "recovery_s" in fields:
-            total["recovery_s"] = max(total.get("recovery_s", 0.0), float(fields["recovery_s"]))
-    return totals
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    lines = terminalreporter.config.stash.get(_LINES, [])
-    if not lines:
-        return
-    terminalreporter.section("fault suite")
-    for line in lines:
-        terminalreporter.write_line(line)
-    totals = case_totals(lines)
-    for (store, point), total in sorted(totals.items()):
-        recovery = f" max_recovery_s={total['recovery_s']:.2f}" if "recovery_s" in total else ""
-        terminalreporter.write_line(
-            f"faults case: store={store} point={point} trials={int(total['trials'])} "
-            + " ".join(f"{name}={int(total[name])}" for name in COUNTS)
-            + recovery
-        )
-    for store in sorted({store for store, _ in totals}):
-        summed = [sum(int(t[name]) for (s, _), t in totals.items() if s == store)
-                  for name in COUNTS]  # fmt: skip
-        terminalreporter.write_line(
-            f"faults total: store={store} "
-            + " ".join(f"{name}={n}" for name, n in zip(COUNTS, summed, strict=True))
-        )
-    path = terminalreporter.config.getoption("faults_report", None)
-    if path:
-        report = [
-            {"store": store, "point": point, **total}
-            for (store, point), total in sorted(totals.items())
-        ]
-        Path(path).write_text(json.dumps({"cases": report, "lines": lines}, indent=2) + "\n")
 
 
 @pytest.fixture
@@ -104,7 +50,8 @@ def fault_report(
         )
         if recovery is not None:
             line += f" recovery_s={recovery:.2f}"
-        request.config.stash.setdefault(_LINES, []).append(line)
+        # Carried by the test's reports to the summary (tests/faults/report.py), also from
+        # pytest-xdist's workers to the controller.
         request.node.user_properties.append(("faults", line))
         summary = tmp_path_factory.getbasetemp() / "faults-summary.txt"
         with summary.open("a", encoding="utf-8") as f:
